@@ -1,0 +1,28 @@
+"""Evaluate a checkpoint exactly, on any number of processes.
+
+    python eval.py ckpt_path=outputs/<run>/checkpoints/step_00000256.pt
+    torchrun --standalone --nproc_per_node=3 eval.py ckpt_path=...
+
+The last line of the output is `val_loss=<float> val_acc=<float> val_samples=<int>`.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from {{cookiecutter.package_name}}.config import register_configs
+from {{cookiecutter.package_name}}.entry import accept_legacy_local_rank, run_eval
+from {{cookiecutter.package_name}}.rundir import register_resolvers
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    run_eval(cfg)
+
+
+if __name__ == "__main__":
+    accept_legacy_local_rank(sys.argv)
+    register_configs()
+    register_resolvers()
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Train on this machine with torchrun: one process per visible GPU (2 on a machine without one).
+#
+#   bash scripts/run_single.sh [KEY=VALUE ...] [Hydra overrides ...]
+#
+# KEY=VALUE (upper case):
+#   NPROC_PER_NODE  processes on this machine   (default: the visible GPUs, or 2 without one)
+#   MAX_RESTARTS    times torchrun restarts failed workers; they resume from the newest checkpoint (3)
+#   RUN_DIR         the run dir (default: a new outputs/<date>_<time>); an existing one is resumed
+# Examples:
+#   bash scripts/run_single.sh trainer.epochs=10 model=resnet18
+#   bash scripts/run_single.sh RUN_DIR=outputs/2026-01-01_12-00-00     # continue that run
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+NPROC_PER_NODE="" MAX_RESTARTS=3 RUN_DIR=""
+parse_keys "NPROC_PER_NODE MAX_RESTARTS RUN_DIR" "$@"
+if [[ -z "$NPROC_PER_NODE" ]]; then
+  NPROC_PER_NODE="$(visible_gpu_count)"
+  (( NPROC_PER_NODE > 0 )) || NPROC_PER_NODE=2
+fi
+require_int NPROC_PER_NODE "$NPROC_PER_NODE" 1
+require_int MAX_RESTARTS "$MAX_RESTARTS" 0
+
+cd "$PROJECT_DIR"
+check_launch "$NPROC_PER_NODE"
+[[ -n "$RUN_DIR" ]] || RUN_DIR="$(new_run_dir)"
+echo "run dir: $RUN_DIR"
+
+# torchrun would set this itself, with a warning per job; one thread per process is right
+# when the processes share the cores.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+status=0
+"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node="$NPROC_PER_NODE" \
+  --max-restarts="$MAX_RESTARTS" train.py hydra.run.dir="$RUN_DIR" "${HYDRA_ARGS[@]}" || status=$?
+echo "run dir: $RUN_DIR (logs/, metrics.jsonl, checkpoints/)"
+if [[ -f "$RUN_DIR/metrics.jsonl" ]]; then
+  echo "last evaluation: $(grep '"kind": "val"' "$RUN_DIR/metrics.jsonl" | tail -n 1)"
+fi
+exit "$status"

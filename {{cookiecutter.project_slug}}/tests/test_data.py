@@ -1,0 +1,174 @@
+"""Sampling, augmentation and evaluation splits: their determinism is what exact resume rests on."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
+from {{cookiecutter.package_name}}.data import (
+    KeyedDataset,
+    ResumableDistributedSampler,
+    augment,
+    build_data,
+    eval_shard,
+    make_datasets,
+)
+from {{cookiecutter.package_name}}.distributed import DistEnv
+
+from .conftest import compose_config
+
+
+def env(rank: int, world_size: int) -> DistEnv:
+    return DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
+
+
+def epoch_keys(size: int, world_size: int, batch_size: int, epoch: int, start: int = 0) -> list[list]:
+    """Each rank's keys for one epoch."""
+    result = []
+    for rank in range(world_size):
+        sampler = ResumableDistributedSampler(size, env(rank, world_size), batch_size, seed=7)
+        sampler.set_epoch(epoch)
+        sampler.set_start(start)
+        keys = list(sampler)
+        assert len(keys) == len(sampler)
+        result.append(keys)
+    return result
+
+
+def real_indices(per_rank: list[list]) -> list[int]:
+    return [index for keys in per_rank for index, _, weight in keys if weight > 0]
+
+
+def test_set_epoch_changes_the_order() -> None:
+    first, second = epoch_keys(100, 1, 10, epoch=0)[0], epoch_keys(100, 1, 10, epoch=1)[0]
+    assert [k[0] for k in first] != [k[0] for k in second]
+    assert sorted(k[0] for k in first) == sorted(k[0] for k in second) == list(range(100))
+
+
+@pytest.mark.parametrize(("size", "world_size", "batch_size"), [(100, 2, 10), (101, 3, 8), (13, 4, 4), (5, 4, 8)])
+def test_ranks_see_disjoint_samples_covering_the_epoch_once(size, world_size, batch_size) -> None:
+    per_rank = epoch_keys(size, world_size, batch_size, epoch=3)
+    seen = real_indices(per_rank)
+    assert sorted(seen) == list(range(size)), "every sample exactly once, no padding repeats"
+    steps = {len(DataLoader(keys, batch_size=batch_size)) for keys in per_rank}
+    assert len(steps) == 1, "every rank must take the same number of steps"
+
+
+def test_order_is_independent_of_world_size() -> None:
+    def global_order(world_size: int) -> list[int]:
+        per_rank = epoch_keys(64, world_size, 8, epoch=2)
+        steps = len(per_rank[0]) // 8
+        return [i for step in range(steps) for keys in per_rank for i, _, _ in keys[step * 8 : (step + 1) * 8]]
+
+    assert global_order(1) == global_order(2) == global_order(4)
+
+
+def test_resume_mid_epoch_on_another_world_size_sees_the_rest_once() -> None:
+    size, batch_size = 103, 8
+    first_three_steps = [keys[: 3 * batch_size] for keys in epoch_keys(size, 2, batch_size, epoch=1)]
+    done = real_indices(first_three_steps)
+    rest = real_indices(epoch_keys(size, 3, batch_size, epoch=1, start=len(done)))
+    assert sorted(done + rest) == list(range(size))
+
+
+def test_augmentation_is_a_function_of_seed_epoch_and_index() -> None:
+    image = torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(augment(image, 1, 2, 3), augment(image, 1, 2, 3))
+    variants = {augment(image, 1, epoch, 3).sum().item() for epoch in range(20)}
+    assert len(variants) > 5, "the epoch must change the crop and flip"
+    assert augment(image, 1, 2, 3).shape == image.shape
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_do_not_depend_on_the_number_of_workers(workers: int) -> None:
+    config = to_train_config(compose_config(["data.train_size=96", "data.val_size=10", "data.augment=true"]))
+    base, _ = make_datasets(config.data, seed=0)
+    sampler = ResumableDistributedSampler(len(base), env(0, 1), 16, seed=0)
+    sampler.set_epoch(1)
+    dataset = KeyedDataset(base, seed=0, augmented=True)
+    reference = torch.cat([batch[0] for batch in DataLoader(dataset, sampler=sampler, batch_size=16)])
+    loaded = torch.cat([batch[0] for batch in DataLoader(dataset, sampler=sampler, batch_size=16, num_workers=workers)])
+    assert torch.equal(reference, loaded)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
+def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
+    shards = [list(eval_shard(999, rank, world_size)) for rank in range(world_size)]
+    assert sum(shards, []) == list(range(999))
+
+
+def test_synthetic_set_is_made_from_the_seed() -> None:
+    config = to_train_config(compose_config(["data.train_size=50", "data.val_size=20"])).data
+    (a, _), (b, _), (c, _) = make_datasets(config, 0), make_datasets(config, 0), make_datasets(config, 1)
+    assert torch.equal(a.images, b.images) and not torch.equal(a.images, c.images)
+    assert len(set(a.labels.tolist())) > 2
+
+
+def write_image_tree(root, classes: int, per_class: int) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label in range(classes):
+            folder = root / split / f"class_{label}"
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+
+
+def test_image_folder_reads_a_local_tree(tmp_path) -> None:
+    write_image_tree(tmp_path, classes=3, per_class=4)
+    overrides = [
+        "data=image_folder",
+        f"data.root={tmp_path}",
+        "data.num_classes=3",
+        "data.image_size=16",
+        "data.num_workers=0",
+    ]
+    config = to_train_config(compose_config(overrides))
+    data = build_data(config.data, env(0, 1), seed=0)
+    images, labels, weights = next(iter(data.train_loader))
+    assert images.shape[1:] == (3, 16, 16) and set(labels.tolist()) <= {0, 1, 2}
+    assert data.val_size == 12
+
+
+def test_image_folder_class_count_mismatch_is_a_clear_error(tmp_path) -> None:
+    write_image_tree(tmp_path, classes=3, per_class=1)
+    config = to_train_config(compose_config(["data=image_folder", f"data.root={tmp_path}"]))
+    with pytest.raises(ConfigError, match="data.num_classes=10"):
+        make_datasets(config.data, 0)
+
+
+def write_cifar(root, per_file: int) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            "data": rng.integers(0, 255, (per_file, 3072), dtype=np.uint8),
+            "labels": [int(label) for label in rng.integers(0, 10, per_file)],
+        }
+        with open(folder / name, "wb") as file:
+            pickle.dump(batch, file)
+
+
+def test_cifar10_reads_its_own_format(tmp_path) -> None:
+    write_cifar(tmp_path, per_file=6)
+    config = to_train_config(compose_config(["data=cifar10", f"data.root={tmp_path}"]))
+    train, val = make_datasets(config.data, 0)
+    assert (len(train), len(val)) == (30, 6)
+    image, label = train[0]
+    assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and 0 <= label < 10
+
+
+def test_cifar10_missing_says_where_and_does_not_download(tmp_path) -> None:
+    config = to_train_config(compose_config(["data=cifar10", f"data.root={tmp_path}"]))
+    with pytest.raises(ConfigError, match="cifar-10-batches-py.*data.download=true"):
+        make_datasets(config.data, 0)
+    assert not any(tmp_path.iterdir()), "nothing may be downloaded unless asked"

@@ -1,0 +1,99 @@
+"""Real torchrun jobs on CPU with gloo: training learns, logs per rank, evaluates exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import PROJECT_DIR, PYTHON, SMALL, last_line, read_metrics, run, torchrun
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> tuple[Path, str]:
+    """One two-process job started the way a user starts it: scripts/run_single.sh."""
+    run_dir = tmp_path_factory.mktemp("run") / "job"
+    proc = run(
+        [
+            "bash",
+            "scripts/run_single.sh",
+            "NPROC_PER_NODE=2",
+            f"RUN_DIR={run_dir}",
+            *SMALL,
+            "trainer.epochs=3",
+            "data.train_size=2048",
+        ]
+    )
+    return run_dir, proc.stdout + proc.stderr
+
+
+def test_two_processes_learn(trained_run) -> None:
+    run_dir, output = trained_run
+    final = [m for m in read_metrics(run_dir) if m["kind"] == "val"][-1]
+    assert final["val_acc"] > 0.8, final
+    assert final["val_samples"] == 999
+    assert f"run dir: {run_dir}" in output
+    assert "world size 2" in output
+
+
+def test_rank_logs_metrics_and_config_are_left(trained_run) -> None:
+    run_dir, _ = trained_run
+    for rank in (0, 1):
+        text = (run_dir / "logs" / f"rank_{rank}.log").read_text()
+        assert f"[rank={rank} " in text
+    assert "train_loss" in (run_dir / "logs" / "rank_0.log").read_text()
+    records = read_metrics(run_dir)
+    train = [r for r in records if r["kind"] == "train"]
+    assert train and set(train[0]) == {"kind", "step", "epoch", "train_loss", "lr", "samples_per_s"}
+    val = [r for r in records if r["kind"] == "val"]
+    assert [r["epoch"] for r in val] == [0, 1, 2]
+    assert set(val[0]) == {"kind", "step", "epoch", "val_loss", "val_acc", "val_samples"}
+    assert (run_dir / "checkpoints" / "config.yaml").is_file()
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+
+
+def test_eval_is_identical_at_world_sizes_1_2_3(trained_run) -> None:
+    run_dir, _ = trained_run
+    checkpoint = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1]
+    lines = set()
+    for nproc in (1, 2, 3):
+        proc = torchrun("eval.py", nproc, f"ckpt_path={checkpoint}", "data.batch_size=7")
+        lines.add(last_line(proc.stdout))
+    assert len(lines) == 1, lines
+    line = lines.pop()
+    assert line.startswith("val_loss=") and line.endswith("val_samples=999")
+    final = [m for m in read_metrics(run_dir) if m["kind"] == "val"][-1]
+    assert f"val_acc={final['val_acc']:.6f}" in line
+
+
+def test_one_run_dir_per_job_without_any_run_dir_given(tmp_path) -> None:
+    torchrun("train.py", 2, *SMALL, "trainer.epochs=1", "data.train_size=256", cwd=tmp_path)
+    run_dirs = list((tmp_path / "outputs").iterdir())
+    assert len(run_dirs) == 1, run_dirs
+    assert {p.name for p in (run_dirs[0] / "logs").iterdir()} == {"rank_0.log", "rank_1.log"}
+
+
+def test_legacy_launcher_with_local_rank_argument(tmp_path) -> None:
+    cmd = [
+        PYTHON,
+        "-m",
+        "torch.distributed.launch",
+        "--nproc-per-node=2",
+        str(PROJECT_DIR / "train.py"),
+        *SMALL,
+        "trainer.epochs=1",
+        "data.train_size=256",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    run(cmd)
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank_0.log", "rank_1.log"}
+    assert any(r["kind"] == "val" for r in read_metrics(tmp_path))
+
+
+def test_plain_python_runs_as_a_world_of_one(tmp_path) -> None:
+    proc = run([PYTHON, "train.py", *SMALL, "trainer.epochs=1", "data.train_size=256", f"hydra.run.dir={tmp_path}"])
+    assert "world size 1" in proc.stderr
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == "val"

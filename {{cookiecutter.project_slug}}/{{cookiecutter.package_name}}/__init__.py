@@ -1,0 +1,1 @@
+"""{{ cookiecutter.project_name }}: distributed training with torchrun, DDP and Hydra."""

@@ -1,0 +1,192 @@
+"""What goes into a checkpoint, how it is written safely, and which one a run resumes from.
+
+- Global rank 0 writes `<run dir>/checkpoints/step_<N>.pt`, N the global optimizer step.
+- The state is copied to CPU memory on the training thread (the only part that holds a step
+  up); a background thread writes it to a temporary file in the same folder, fsyncs it,
+  renames it into place and fsyncs the folder, so a kill at any instant leaves either the
+  complete new file or none, and never touches the previous one.
+- Only tensors and plain Python values are stored, and files are loaded with
+  `torch.load(..., weights_only=True)`: a checkpoint cannot run code when it is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from .config import CheckpointConfig, ConfigError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+NAME_PATTERN = re.compile(r"^step_(\d+)\.pt$")
+TMP_PREFIX = ".tmp_"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}.pt"
+
+
+@dataclass
+class TrainState:
+    """Where training stands: enough, with model and optimizer, to continue bit-exactly."""
+
+    epoch: int = 0
+    step: int = 0  # global optimizer steps taken
+    samples_in_epoch: int = 0  # samples of `epoch`'s order already trained on, over all ranks
+
+
+def to_cpu(value: Any) -> Any:
+    """A deep copy of a (nested) state with every tensor copied to CPU memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: to_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(item) for item in value)
+    return value
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(payload: dict[str, Any], path: Path) -> None:
+    """torch.save to a temporary file beside `path`, fsync, rename into place, fsync the folder."""
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoints in the folder, newest (highest step) first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME_PATTERN.match(p.name))]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def load_checkpoint(path: Path | str) -> dict[str, Any]:
+    """Load a checkpoint safely (weights_only) onto the CPU."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
+        raise ValueError("not a checkpoint of this project (no 'model' or 'step')")
+    return payload
+
+
+class Checkpointer:
+    """Saves on global rank 0 in the background and finds the checkpoint to resume from."""
+
+    def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool) -> None:
+        self.folder = folder
+        self.config = config
+        self.is_writer = is_writer
+        self.last_saved_step: int | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if is_writer:
+            folder.mkdir(parents=True, exist_ok=True)
+            for leftover in folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
+                leftover.unlink(missing_ok=True)
+
+    def save_config(self, plain_config: dict[str, Any]) -> None:
+        """The resolved config beside the checkpoints, as YAML."""
+        if self.is_writer:
+            (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(plain_config))
+
+    def save(self, state: TrainState, components: dict[str, Any]) -> None:
+        """Snapshot `components` (state_dicts and plain values) now and write them in the background.
+
+        Every rank may call this; only the writer does anything. A second save at the same step
+        is skipped, and a save waits for the one before it.
+        """
+        if not self.is_writer or self.last_saved_step == state.step:
+            return
+        self.wait()
+        payload = to_cpu({**components, **asdict(state), "format_version": FORMAT_VERSION})
+        path = self.folder / checkpoint_name(state.step)
+        self._thread = threading.Thread(target=self._write, args=(payload, path), name="checkpoint-writer")
+        self._thread.start()
+        self.last_saved_step = state.step
+
+    def _write(self, payload: dict[str, Any], path: Path) -> None:
+        try:
+            write_atomically(payload, path)
+            for old in list_checkpoints(self.folder)[self.config.keep_last :]:
+                old.unlink(missing_ok=True)
+            log.info("saved checkpoint %s", path)
+        except BaseException as error:  # re-raised on the training thread by wait()
+            self._error = error
+
+    def wait(self) -> None:
+        """Block until the background write (if any) is on disk; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("writing a checkpoint failed") from error
+
+    def find_resume_payload(self) -> tuple[Path, dict[str, Any]] | None:
+        """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh."""
+        resume = self.config.resume
+        if resume == "never":
+            return None
+        if resume != "auto":
+            path = Path(resume)
+            if not path.is_file():
+                raise ConfigError(f"checkpoint.resume={resume}: no such file; give a step_<N>.pt path, auto or never")
+            return path, load_checkpoint(path)
+        for path in list_checkpoints(self.folder):
+            try:
+                return path, load_checkpoint(path)
+            except Exception as error:  # truncated or corrupt: fall back to the next older one
+                log.warning("skipping unreadable checkpoint %s (%s); trying an older one", path, error)
+        return None
+
+
+def check_same_model(path: Path, saved_config: dict[str, Any], model_config: dict[str, Any], num_classes: int) -> None:
+    """Refuse, with what differs, a checkpoint written for another model."""
+    saved_model = saved_config.get("model", {})
+    saved_classes = saved_config.get("data", {}).get("num_classes")
+    differences = [
+        f"model.{key}: checkpoint {saved_model.get(key)!r}, config {value!r}"
+        for key, value in model_config.items()
+        if saved_model.get(key) != value
+    ]
+    if saved_classes is not None and saved_classes != num_classes:
+        differences.append(f"data.num_classes: checkpoint {saved_classes}, config {num_classes}")
+    if differences:
+        raise ConfigError(
+            f"checkpoint {path} does not fit this model ({'; '.join(differences)}): "
+            "use the same model settings, another run dir, or checkpoint.resume=never"
+        )
+
+
+def restore(model: nn.Module, payload: dict[str, Any], path: Path) -> None:
+    """Load the model weights, turning a shape or key mismatch into a one-line error."""
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()
+        raise ConfigError(f"checkpoint {path} does not fit this model: {' '.join(first[:3])[:300]}") from None

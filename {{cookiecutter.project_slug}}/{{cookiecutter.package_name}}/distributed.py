@@ -1,0 +1,180 @@
+"""Process group, device and rank helpers.
+
+Every helper answers for a world of one when no process group exists, so the same code runs
+under `python train.py` and under torchrun with N ranks. The backend is chosen from the
+devices in exactly one place (`choose_backend`); later code asks for `env.device`, never
+for the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .config import ConfigError, DDPConfig, DistConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    backend: str
+    use_cuda: bool
+    shared_gpus: bool  # several local ranks on one GPU (only possible with gloo)
+
+
+def choose_backend(requested: str, visible_gpus: int, local_world_size: int, mpi_available: bool) -> BackendChoice:
+    """Pick the backend and device kind; raise ConfigError for a combination that cannot work.
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so with more local ranks
+    than visible GPUs `auto` falls back to gloo with the ranks sharing the GPUs, and an
+    explicit `nccl` is refused before NCCL gets the chance to fail obscurely.
+    """
+    enough_gpus = visible_gpus >= local_world_size
+    if requested == "auto":
+        if visible_gpus == 0:
+            return BackendChoice("gloo", use_cuda=False, shared_gpus=False)
+        if enough_gpus:
+            return BackendChoice("nccl", use_cuda=True, shared_gpus=False)
+        return BackendChoice("gloo", use_cuda=True, shared_gpus=True)
+    if requested == "nccl":
+        if visible_gpus == 0:
+            raise ConfigError(
+                "dist.backend=nccl needs a GPU and none is visible: use dist.backend=gloo (or auto) on CPUs"
+            )
+        if not enough_gpus:
+            raise ConfigError(
+                f"dist.backend=nccl with nproc_per_node={local_world_size} but only {visible_gpus} visible GPU(s): "
+                "NCCL cannot put two ranks on one GPU ('Duplicate GPU detected'); "
+                f"use nproc_per_node<={visible_gpus} or dist.backend=gloo"
+            )
+        return BackendChoice("nccl", use_cuda=True, shared_gpus=False)
+    if requested == "mpi" and not mpi_available:
+        raise ConfigError("dist.backend=mpi: this torch was built without MPI; use dist.backend=gloo or nccl")
+    return BackendChoice(requested, use_cuda=visible_gpus > 0, shared_gpus=visible_gpus > 0 and not enough_gpus)
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def process_env(config: DistConfig) -> tuple[int, int, int, int, BackendChoice]:
+    """Read torchrun's variables (a world of one without them) and choose the backend."""
+    rank, world_size = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
+    local_rank, local_world_size = env_int("LOCAL_RANK", 0), env_int("LOCAL_WORLD_SIZE", 1)
+    visible_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    choice = choose_backend(config.backend, visible_gpus, local_world_size, dist.is_mpi_available())
+    return rank, local_rank, world_size, local_world_size, choice
+
+
+@contextlib.contextmanager
+def distributed(config: DistConfig) -> Iterator[DistEnv]:
+    """Initialise the process group from torchrun's environment and always destroy it.
+
+    Exceptions propagate unchanged, so torchrun sees a failed worker and can restart it.
+    """
+    rank, local_rank, world_size, local_world_size, choice = process_env(config)
+    if choice.use_cuda:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1:
+        dist.init_process_group(
+            backend=choice.backend,
+            timeout=datetime.timedelta(seconds=config.timeout_s),
+            # Binding the device lets NCCL create its communicator eagerly and skip a guess.
+            device_id=device if choice.backend == "nccl" else None,
+        )
+    env = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, device)
+    try:
+        if choice.shared_gpus and rank == 0:
+            log.warning(
+                "%d local ranks share %d GPU(s): using gloo, since NCCL refuses two ranks on one GPU",
+                local_world_size,
+                torch.cuda.device_count(),
+            )
+        yield env
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over all ranks in place (a no-op for a world of one) and return it."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def broadcast_object(value: object, src: int = 0) -> object:
+    """Rank `src`'s value on every rank (plain Python values only)."""
+    if not is_distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def sync_buffers_from_rank_zero(module: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics drift apart in the last step)."""
+    if is_distributed():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+def wrap_ddp(model: nn.Module, config: DDPConfig, env: DistEnv) -> nn.Module:
+    """DDP around the model with the ddp.* knobs; the bare model for a world of one."""
+    if not is_distributed():
+        return model
+    return DistributedDataParallel(
+        model,
+        device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        bucket_cap_mb=config.bucket_cap_mb,
+        gradient_as_bucket_view=config.gradient_as_bucket_view,
+        static_graph=config.static_graph,
+        find_unused_parameters=config.find_unused_parameters,
+        broadcast_buffers=config.broadcast_buffers,
+    )

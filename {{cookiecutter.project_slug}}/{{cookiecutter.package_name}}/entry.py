@@ -1,0 +1,112 @@
+"""What train.py and eval.py hand their config to: checks, process group, logging, errors.
+
+User mistakes (ConfigError) end as one line on stderr and exit code 2, with no traceback,
+before any process group exists where they can be found that early. Any other exception
+propagates, after the process group is destroyed, so torchrun sees the failed worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from .checkpoint import load_checkpoint, restore
+from .config import ConfigError, compose_for_checkpoint, to_train_config
+from .data import build_data
+from .distributed import distributed, process_env
+from .evaluate import evaluate
+from .logs import setup_logging
+from .models import build_model
+from .preemption import Preempted
+from .trainer import build_trainer
+
+log = logging.getLogger(__name__)
+
+# Set by the launch scripts: validate the config and the launch, then exit before any work.
+CHECK_ONLY_ENV = "DDP_CHECK_ONLY"
+USER_ERROR_EXIT = 2
+PREEMPTED_EXIT = 143  # 128 + SIGTERM, as a shell reports a process ended by it
+
+
+def accept_legacy_local_rank(argv: list[str]) -> None:
+    """Drop the `--local-rank=N` / `--local_rank N` that torch.distributed.launch appends.
+
+    Hydra's parser rejects it; torchrun already puts the same number in LOCAL_RANK.
+    """
+    kept: list[str] = []
+    args = iter(argv[1:])
+    for arg in args:
+        name, has_value, value = arg.partition("=")
+        if name in ("--local-rank", "--local_rank"):
+            os.environ.setdefault("LOCAL_RANK", value if has_value else next(args, "0"))
+            continue
+        kept.append(arg)
+    argv[1:] = kept
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def reporting_user_errors(body: Callable[[], None]) -> None:
+    try:
+        body()
+    except ConfigError as error:
+        fail(str(error))
+    except Preempted as stop:
+        log.warning("%s; launch again with the same run dir to continue", stop)
+        sys.exit(PREEMPTED_EXIT)
+
+
+def run_train(cfg: DictConfig) -> None:
+    """Train with the composed config (train.py's whole job)."""
+
+    def body() -> None:
+        config = to_train_config(cfg)
+        process_env(config.dist)  # an impossible backend fails here, before any process group
+        if os.environ.get(CHECK_ONLY_ENV):
+            return
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        with distributed(config.dist) as env:
+            setup_logging(run_dir, env, config.log.all_ranks_console)
+            log.info("run dir: %s", run_dir)
+            result = build_trainer(config, env, run_dir).fit()
+            log.info("final: %s", result.line())
+
+    reporting_user_errors(body)
+
+
+def run_eval(cfg: DictConfig) -> None:
+    """Evaluate `ckpt_path` exactly, on any number of processes; print the figures on rank 0."""
+
+    def body() -> None:
+        path = Path(cfg.ckpt_path)
+        if not path.is_file():
+            raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt of a run")
+        try:
+            payload = load_checkpoint(path)
+        except Exception as error:
+            raise ConfigError(f"cannot read checkpoint {path}: {error}") from None
+        overrides = list(HydraConfig.get().overrides.task)
+        config = to_train_config(compose_for_checkpoint(payload.get("config", {}), overrides))
+        process_env(config.dist)
+        with distributed(config.dist) as env:
+            setup_logging(None, env, config.log.all_ranks_console)
+            model = build_model(config.model, config.data.num_classes)
+            restore(model, payload, path)
+            model.to(env.device)
+            data = build_data(config.data, env, config.seed)
+            result = evaluate(model, data.val_loader, env.device)
+            log.info("evaluated %s (step %d) on %d processes", path, payload["step"], env.world_size)
+            if env.rank == 0:
+                print(result.line(), flush=True)
+
+    reporting_user_errors(body)

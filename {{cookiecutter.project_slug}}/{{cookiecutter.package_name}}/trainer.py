@@ -1,0 +1,223 @@
+"""The training loop: build, resume, train epoch by epoch, evaluate, checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checkpoint import Checkpointer, TrainState, check_same_model, restore
+from .config import TrainConfig, to_plain_dict
+from .data import Data, build_data
+from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, wrap_ddp
+from .evaluate import EvalResult, evaluate
+from .logs import MetricsLog, use_progress_bar
+from .models import build_model, count_parameters
+from .optim import build_optimizer, lr_at, set_lr
+from .preemption import Preempted, StopOnSigterm
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Interval:
+    """Loss and sample counts since the last log line, kept on the device: no sync per step."""
+
+    loss_sum: torch.Tensor
+    steps: int = 0
+    samples: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.steps, self.samples, self.started = 0, 0, time.perf_counter()
+
+
+@dataclass
+class Trainer:
+    config: TrainConfig
+    env: DistEnv
+    run_dir: Path
+    model: nn.Module  # the user's model, unwrapped
+    ddp_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    data: Data
+    checkpoints: Checkpointer
+    metrics: MetricsLog
+    state: TrainState
+
+    def components(self) -> dict[str, Any]:
+        """Everything a checkpoint holds besides the TrainState counters."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"lr": self.optimizer.param_groups[0]["lr"]},  # the LR is a function of progress
+            "world_size": self.env.world_size,
+            "config": to_plain_dict(self.config),
+        }
+
+    def save(self) -> None:
+        self.checkpoints.save(self.state, self.components())
+
+    def train_step(
+        self, images: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, real_samples: int
+    ) -> torch.Tensor:
+        device = self.env.device
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        weights = weights.to(device, non_blocking=True)
+        per_sample = F.cross_entropy(self.ddp_model(images), labels, reduction="none")
+        # DDP averages gradients over ranks; scaling by world_size / real_samples makes that
+        # average the mean over exactly the real samples of the global batch, also when the
+        # last batch is short or uneven, so padding (weight 0) contributes nothing.
+        loss = (per_sample * weights).sum() * (self.env.world_size / real_samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def log_interval(self, interval: Interval) -> None:
+        loss_sum = all_reduce_sum(interval.loss_sum.clone())
+        elapsed = time.perf_counter() - interval.started
+        train_loss = loss_sum.item() / (self.env.world_size * interval.steps)
+        values = {
+            "step": self.state.step,
+            "epoch": self.state.epoch,
+            "train_loss": train_loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "samples_per_s": interval.samples / max(elapsed, 1e-9),
+        }
+        self.metrics.write("train", **values)
+        log.info(
+            "epoch %d step %d: train_loss=%.4f lr=%.4g %.0f samples/s",
+            values["epoch"],
+            values["step"],
+            train_loss,
+            values["lr"],
+            values["samples_per_s"],
+        )
+        interval.reset()
+
+    def train_epoch(self, stop: StopOnSigterm) -> None:
+        config, state, sampler = self.config, self.state, self.data.sampler
+        epoch, dataset_size = state.epoch, sampler.dataset_size
+        sampler.set_epoch(epoch)  # a new order every epoch: the classic forgotten call
+        sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
+        interval = Interval(torch.zeros((), device=self.env.device))
+        batches: Any = self.data.train_loader
+        if use_progress_bar(self.env):
+            from tqdm import tqdm
+
+            batches = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {epoch}", leave=False)
+        every_n = config.checkpoint.every_n_steps
+        for images, labels, weights in batches:
+            real_samples = sampler.real_samples_in_step(state.samples_in_epoch)
+            progress = epoch + (state.samples_in_epoch + real_samples) / dataset_size
+            set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
+            interval.loss_sum += self.train_step(images, labels, weights, real_samples)
+            state.step += 1
+            state.samples_in_epoch += real_samples
+            interval.steps += 1
+            interval.samples += real_samples
+            if state.step % config.trainer.log_every_n_steps == 0:
+                self.log_interval(interval)
+            if every_n and state.step % every_n == 0 and state.samples_in_epoch < dataset_size:
+                self.save()
+            if stop.should_stop():
+                self.save()
+                self.checkpoints.wait()
+                raise Preempted(f"stopped by SIGTERM after step {state.step}; checkpoint saved")
+        if interval.steps:
+            self.log_interval(interval)
+
+    def validate(self) -> EvalResult:
+        sync_buffers_from_rank_zero(self.model)
+        return evaluate(self.model, self.data.val_loader, self.env.device)
+
+    def fit(self) -> EvalResult:
+        """Train the remaining epochs and return the last evaluation."""
+        config, state = self.config, self.state
+        result = None
+        stop = StopOnSigterm()
+        try:
+            while state.epoch < config.trainer.epochs:
+                started, start_samples = time.perf_counter(), state.samples_in_epoch
+                self.train_epoch(stop)
+                elapsed = time.perf_counter() - started
+                result = self.validate()
+                self.metrics.write(
+                    "val",
+                    step=state.step,
+                    epoch=state.epoch,
+                    val_loss=result.loss,
+                    val_acc=result.accuracy,
+                    val_samples=result.samples,
+                )
+                log.info(
+                    "epoch %d/%d done in %.1f s (%.0f samples/s): %s",
+                    state.epoch + 1,
+                    config.trainer.epochs,
+                    elapsed,
+                    (state.samples_in_epoch - start_samples) / max(elapsed, 1e-9),
+                    result.line(),
+                )
+                state.epoch, state.samples_in_epoch = state.epoch + 1, 0
+                self.save()
+        finally:
+            stop.close()
+            self.checkpoints.wait()
+        if result is None:
+            log.info("training had already finished at step %d; evaluating", state.step)
+            result = self.validate()
+        return result
+
+
+def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
+    """Everything the loop needs, resumed from a checkpoint when there is one."""
+    torch.manual_seed(config.seed)
+    data = build_data(config.data, env, config.seed)
+    model = build_model(config.model, config.data.num_classes)
+    if config.ddp.sync_batchnorm and env.world_size > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model.to(env.device)
+    optimizer = build_optimizer(config.optim, model)
+    checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=env.rank == 0)
+    plain_config = to_plain_dict(config)
+    checkpoints.save_config(plain_config)
+    state = TrainState()
+    found = checkpoints.find_resume_payload()
+    if found is not None:
+        path, payload = found
+        check_same_model(path, payload.get("config", {}), plain_config["model"], config.data.num_classes)
+        restore(model, payload, path)
+        optimizer.load_state_dict(payload["optimizer"])
+        state = TrainState(payload["epoch"], payload["step"], payload["samples_in_epoch"])
+        log.info(
+            "resumed from %s: epoch %d, step %d, %d samples into the epoch (saved by %d processes, now %d)",
+            path,
+            state.epoch,
+            state.step,
+            state.samples_in_epoch,
+            payload.get("world_size", 0),
+            env.world_size,
+        )
+        checkpoints.last_saved_step = state.step
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=env.rank == 0)
+    metrics.drop_after(state.step)
+    log.info(
+        "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",
+        config.model.name,
+        count_parameters(model),
+        env.device,
+        env.backend,
+        env.world_size,
+        config.data.batch_size,
+    )
+    ddp_model = wrap_ddp(model, config.ddp, env)
+    return Trainer(config, env, run_dir, model, ddp_model, optimizer, data, checkpoints, metrics, state)
