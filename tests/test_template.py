@@ -51,6 +51,7 @@ EXPECTED_FILES = {
     "tests/conftest.py",
     "tests/test_config.py",
     "tests/test_data.py",
+    "tests/test_checkpoint.py",
     "tests/test_distributed.py",
     "tests/test_training.py",
 }

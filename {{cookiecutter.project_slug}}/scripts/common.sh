@@ -56,12 +56,14 @@ new_run_dir() {
   echo "$dir"
 }
 
-# check_launch NPROC: compose and validate the config as train.py will, with NPROC local
-# ranks, so a bad value fails here once instead of in every worker and every restart.
+# check_launch NPROC [RUN_DIR]: compose and validate the config as train.py will, with NPROC
+# local ranks and, for an existing RUN_DIR, the checkpoint it would resume from; so a bad value
+# fails here once, instead of in every worker and every restart. Nothing is written.
 check_launch() {
-  local scratch
+  local scratch dir="${2:-}"
   scratch="$(mktemp -d)"
+  [[ -n "$dir" && -d "$dir" ]] || dir="$scratch"
   DDP_CHECK_ONLY=1 LOCAL_WORLD_SIZE="$1" "$PYTHON" "$PROJECT_DIR/train.py" \
-    hydra.run.dir="$scratch" hydra.output_subdir=null "${HYDRA_ARGS[@]}" || { rm -rf "$scratch"; exit 2; }
+    hydra.run.dir="$dir" hydra.output_subdir=null "${HYDRA_ARGS[@]}" || { rm -rf "$scratch"; exit 2; }
   rm -rf "$scratch"
 }

@@ -23,7 +23,7 @@ require_int NPROC_PER_NODE "$NPROC_PER_NODE" 1
 require_int MAX_RESTARTS "$MAX_RESTARTS" 0
 
 cd "$PROJECT_DIR"
-check_launch "$NPROC_PER_NODE"
+check_launch "$NPROC_PER_NODE" "$RUN_DIR"
 [[ -n "$RUN_DIR" ]] || RUN_DIR="$(new_run_dir)"
 echo "run dir: $RUN_DIR"
 

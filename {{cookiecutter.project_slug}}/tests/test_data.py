@@ -133,9 +133,9 @@ def test_image_folder_reads_a_local_tree(tmp_path) -> None:
     ]
     config = to_train_config(compose_config(overrides))
     data = build_data(config.data, env(0, 1), seed=0)
-    images, labels, weights = next(iter(data.train_loader))
+    images, labels, weights, indices = next(iter(data.train_loader))
     assert images.shape[1:] == (3, 16, 16) and set(labels.tolist()) <= {0, 1, 2}
-    assert data.val_size == 12
+    assert data.val_size == 12 and weights.tolist() == [1.0] * len(indices)
 
 
 def test_image_folder_class_count_mismatch_is_a_clear_error(tmp_path) -> None:

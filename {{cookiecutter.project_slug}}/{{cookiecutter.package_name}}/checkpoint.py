@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -114,27 +115,29 @@ class Checkpointer:
         if self.is_writer:
             (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(plain_config))
 
-    def save(self, state: TrainState, components: dict[str, Any]) -> None:
+    def save(self, state: TrainState, components: dict[str, Any]) -> bool:
         """Snapshot `components` (state_dicts and plain values) now and write them in the background.
 
         Every rank may call this; only the writer does anything. A second save at the same step
-        is skipped, and a save waits for the one before it.
+        is skipped, and a save waits for the one before it. True when a save was started.
         """
         if not self.is_writer or self.last_saved_step == state.step:
-            return
+            return False
         self.wait()
         payload = to_cpu({**components, **asdict(state), "format_version": FORMAT_VERSION})
         path = self.folder / checkpoint_name(state.step)
         self._thread = threading.Thread(target=self._write, args=(payload, path), name="checkpoint-writer")
         self._thread.start()
         self.last_saved_step = state.step
+        return True
 
     def _write(self, payload: dict[str, Any], path: Path) -> None:
         try:
+            started = time.perf_counter()
             write_atomically(payload, path)
             for old in list_checkpoints(self.folder)[self.config.keep_last :]:
                 old.unlink(missing_ok=True)
-            log.info("saved checkpoint %s", path)
+            log.info("saved checkpoint %s (written in %.2f s)", path, time.perf_counter() - started)
         except BaseException as error:  # re-raised on the training thread by wait()
             self._error = error
 
@@ -148,15 +151,23 @@ class Checkpointer:
             raise RuntimeError("writing a checkpoint failed") from error
 
     def find_resume_payload(self) -> tuple[Path, dict[str, Any]] | None:
-        """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh."""
+        """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh.
+
+        With a path, the run dir's own checkpoints win once there are any: a torchrun restart
+        must continue the job, not go back to where it started.
+        """
         resume = self.config.resume
         if resume == "never":
             return None
-        if resume != "auto":
-            path = Path(resume)
-            if not path.is_file():
-                raise ConfigError(f"checkpoint.resume={resume}: no such file; give a step_<N>.pt path, auto or never")
-            return path, load_checkpoint(path)
+        own = self.newest_readable()
+        if resume == "auto" or own is not None:
+            return own
+        path = Path(resume)
+        if not path.is_file():
+            raise ConfigError(f"checkpoint.resume={resume}: no such file; give a step_<N>.pt path, auto or never")
+        return path, load_checkpoint(path)
+
+    def newest_readable(self) -> tuple[Path, dict[str, Any]] | None:
         for path in list_checkpoints(self.folder):
             try:
                 return path, load_checkpoint(path)
@@ -164,23 +175,37 @@ class Checkpointer:
                 log.warning("skipping unreadable checkpoint %s (%s); trying an older one", path, error)
         return None
 
+    def refuse_to_overwrite(self) -> None:
+        """checkpoint.resume=never must not write over a run's checkpoints: refuse at launch."""
+        existing = list_checkpoints(self.folder)
+        if self.config.resume == "never" and existing:
+            raise ConfigError(
+                f"checkpoint.resume=never but {self.folder} already holds checkpoints ({existing[0].name}); "
+                "start a new run dir (leave RUN_DIR out) or use checkpoint.resume=auto to continue it"
+            )
 
-def check_same_model(path: Path, saved_config: dict[str, Any], model_config: dict[str, Any], num_classes: int) -> None:
-    """Refuse, with what differs, a checkpoint written for another model."""
-    saved_model = saved_config.get("model", {})
-    saved_classes = saved_config.get("data", {}).get("num_classes")
+
+def check_same_model(path: Path, saved_config: dict[str, Any], config: dict[str, Any]) -> None:
+    """Refuse, saying what differs, a checkpoint written for another model."""
+    pairs = {f"model.{key}": (saved_config.get("model", {}).get(key), value) for key, value in config["model"].items()}
+    pairs["data.num_classes"] = (saved_config.get("data", {}).get("num_classes"), config["data"]["num_classes"])
     differences = [
-        f"model.{key}: checkpoint {saved_model.get(key)!r}, config {value!r}"
-        for key, value in model_config.items()
-        if saved_model.get(key) != value
+        f"{key}: checkpoint {saved!r}, config {wanted!r}" for key, (saved, wanted) in pairs.items() if saved != wanted
     ]
-    if saved_classes is not None and saved_classes != num_classes:
-        differences.append(f"data.num_classes: checkpoint {saved_classes}, config {num_classes}")
     if differences:
         raise ConfigError(
             f"checkpoint {path} does not fit this model ({'; '.join(differences)}): "
             "use the same model settings, another run dir, or checkpoint.resume=never"
         )
+
+
+def find_compatible_checkpoint(checkpoints: Checkpointer, config: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume from, refused with a clear message if it holds another model."""
+    found = checkpoints.find_resume_payload()
+    if found is not None:
+        path, payload = found
+        check_same_model(path, payload.get("config", {}), config)
+    return found
 
 
 def restore(model: nn.Module, payload: dict[str, Any], path: Path) -> None:

@@ -130,6 +130,7 @@ class AdamWConfig(OptimConfig):
 class TrainerConfig:
     epochs: int = MISSING
     log_every_n_steps: int = MISSING
+    record_samples: bool = MISSING  # logs/samples_rank_<R>.jsonl: the sample indices of every step
 
     def check(self) -> None:
         require_positive("trainer.epochs", self.epochs)

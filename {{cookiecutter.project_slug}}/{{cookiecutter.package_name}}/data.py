@@ -159,7 +159,7 @@ def make_datasets(config: DataConfig, seed: int) -> tuple[Dataset, Dataset]:
 
 
 class KeyedDataset(Dataset):
-    """Items (image, label, weight): training keys are (index, epoch, weight), evaluation keys plain indices."""
+    """Items (image, label, weight, index); training keys are (index, epoch, weight), evaluation keys indices."""
 
     def __init__(self, base: Dataset, seed: int, augmented: bool) -> None:
         self.base, self.seed, self.augmented = base, seed, augmented
@@ -167,15 +167,15 @@ class KeyedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: int | TrainKey) -> tuple[torch.Tensor, int, float]:
+    def __getitem__(self, key: int | TrainKey) -> tuple[torch.Tensor, int, float, int]:
         if isinstance(key, int):
             image, label = self.base[key]
-            return image, label, 1.0
+            return image, label, 1.0, key
         index, epoch, weight = key
         image, label = self.base[index]
         if self.augmented:
             image = augment(image, self.seed, epoch, index)
-        return image, label, weight
+        return image, label, weight, index
 
 
 class ResumableDistributedSampler(DistributedSampler):

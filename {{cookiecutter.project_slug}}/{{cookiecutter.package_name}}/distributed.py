@@ -88,6 +88,21 @@ def process_env(config: DistConfig) -> tuple[int, int, int, int, BackendChoice]:
     return rank, local_rank, world_size, local_world_size, choice
 
 
+def restart_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """A key space of its own for each torchrun restart, when workers share the agent's store.
+
+    torchrun keeps one TCPStore for the whole job and hands it to every generation of
+    workers without a per-restart prefix; a restarted worker can then read the address a
+    dead peer published and fail with gloo's "Connection refused". None: plain env://.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    shared = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", shared)
+
+
 @contextlib.contextmanager
 def distributed(config: DistConfig) -> Iterator[DistEnv]:
     """Initialise the process group from torchrun's environment and always destroy it.
@@ -101,9 +116,13 @@ def distributed(config: DistConfig) -> Iterator[DistEnv]:
     else:
         device = torch.device("cpu")
     if world_size > 1:
+        timeout = datetime.timedelta(seconds=config.timeout_s)
         dist.init_process_group(
             backend=choice.backend,
-            timeout=datetime.timedelta(seconds=config.timeout_s),
+            store=restart_store(world_size, timeout),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
             # Binding the device lets NCCL create its communicator eagerly and skip a guess.
             device_id=device if choice.backend == "nccl" else None,
         )

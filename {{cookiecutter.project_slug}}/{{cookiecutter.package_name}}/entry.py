@@ -17,8 +17,8 @@ from typing import NoReturn
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .checkpoint import load_checkpoint, restore
-from .config import ConfigError, compose_for_checkpoint, to_train_config
+from .checkpoint import Checkpointer, find_compatible_checkpoint, load_checkpoint, restore
+from .config import ConfigError, compose_for_checkpoint, to_plain_dict, to_train_config
 from .data import build_data
 from .distributed import distributed, process_env
 from .evaluate import evaluate
@@ -72,9 +72,12 @@ def run_train(cfg: DictConfig) -> None:
     def body() -> None:
         config = to_train_config(cfg)
         process_env(config.dist)  # an impossible backend fails here, before any process group
-        if os.environ.get(CHECK_ONLY_ENV):
-            return
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if os.environ.get(CHECK_ONLY_ENV):  # also refuse a run dir whose checkpoints hold another model
+            checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=False)
+            checkpoints.refuse_to_overwrite()
+            find_compatible_checkpoint(checkpoints, to_plain_dict(config))
+            return
         with distributed(config.dist) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)

@@ -37,7 +37,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> Eval
     model.eval()
     # float64 sums: the order of addition differs between world sizes, the result must not.
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
-    for images, labels, _ in loader:
+    for images, labels, _, _ in loader:
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images).float()

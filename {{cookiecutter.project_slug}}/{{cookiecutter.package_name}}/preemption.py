@@ -50,8 +50,9 @@ class StopOnSigterm:
             self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return agreed
 
-    def close(self) -> None:
-        if self._pending is not None:
+    def close(self, wait: bool = True) -> None:
+        """Restore the previous handler; with `wait`, first finish the reduce in flight."""
+        if wait and self._pending is not None:
             self._pending.wait()
-            self._pending = None
+        self._pending = None
         signal.signal(signal.SIGTERM, self._previous)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import Checkpointer, TrainState, check_same_model, restore
+from .checkpoint import Checkpointer, TrainState, find_compatible_checkpoint, restore
 from .config import TrainConfig, to_plain_dict
 from .data import Data, build_data
 from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, wrap_ddp
@@ -50,6 +50,7 @@ class Trainer:
     data: Data
     checkpoints: Checkpointer
     metrics: MetricsLog
+    samples: MetricsLog  # the sample audit, when trainer.record_samples is on
     state: TrainState
 
     def components(self) -> dict[str, Any]:
@@ -63,7 +64,14 @@ class Trainer:
         }
 
     def save(self) -> None:
-        self.checkpoints.save(self.state, self.components())
+        if not self.checkpoints.is_writer:
+            return
+        started = time.perf_counter()
+        if self.checkpoints.save(self.state, self.components()):
+            held_ms = 1e3 * (time.perf_counter() - started)
+            log.info(
+                "checkpoint of step %d: training held %.1f ms, writing in the background", self.state.step, held_ms
+            )
 
     def train_step(
         self, images: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, real_samples: int
@@ -116,13 +124,15 @@ class Trainer:
 
             batches = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {epoch}", leave=False)
         every_n = config.checkpoint.every_n_steps
-        for images, labels, weights in batches:
+        for images, labels, weights, indices in batches:
             real_samples = sampler.real_samples_in_step(state.samples_in_epoch)
             progress = epoch + (state.samples_in_epoch + real_samples) / dataset_size
             set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
             interval.loss_sum += self.train_step(images, labels, weights, real_samples)
             state.step += 1
             state.samples_in_epoch += real_samples
+            if self.samples.enabled:
+                self.samples.write("samples", step=state.step, epoch=epoch, indices=indices[weights > 0].tolist())
             interval.steps += 1
             interval.samples += real_samples
             if state.step % config.trainer.log_every_n_steps == 0:
@@ -142,39 +152,47 @@ class Trainer:
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
-        config, state = self.config, self.state
-        result = None
         stop = StopOnSigterm()
         try:
-            while state.epoch < config.trainer.epochs:
-                started, start_samples = time.perf_counter(), state.samples_in_epoch
-                self.train_epoch(stop)
-                elapsed = time.perf_counter() - started
-                result = self.validate()
-                self.metrics.write(
-                    "val",
-                    step=state.step,
-                    epoch=state.epoch,
-                    val_loss=result.loss,
-                    val_acc=result.accuracy,
-                    val_samples=result.samples,
-                )
-                log.info(
-                    "epoch %d/%d done in %.1f s (%.0f samples/s): %s",
-                    state.epoch + 1,
-                    config.trainer.epochs,
-                    elapsed,
-                    (state.samples_in_epoch - start_samples) / max(elapsed, 1e-9),
-                    result.line(),
-                )
-                state.epoch, state.samples_in_epoch = state.epoch + 1, 0
-                self.save()
-        finally:
+            result = self.train_epochs(stop)
+        except BaseException:
+            stop.close(wait=False)  # a peer may be gone: waiting for it could hang
+            raise
+        else:
             stop.close()
-            self.checkpoints.wait()
+        finally:
+            self.checkpoints.wait()  # the end of the job waits for the last write
         if result is None:
-            log.info("training had already finished at step %d; evaluating", state.step)
+            log.info("training had already finished at step %d; evaluating", self.state.step)
             result = self.validate()
+        return result
+
+    def train_epochs(self, stop: StopOnSigterm) -> EvalResult | None:
+        config, state = self.config, self.state
+        result = None
+        while state.epoch < config.trainer.epochs:
+            started, start_samples = time.perf_counter(), state.samples_in_epoch
+            self.train_epoch(stop)
+            elapsed = time.perf_counter() - started
+            result = self.validate()
+            self.metrics.write(
+                "val",
+                step=state.step,
+                epoch=state.epoch,
+                val_loss=result.loss,
+                val_acc=result.accuracy,
+                val_samples=result.samples,
+            )
+            log.info(
+                "epoch %d/%d done in %.1f s (%.0f samples/s): %s",
+                state.epoch + 1,
+                config.trainer.epochs,
+                elapsed,
+                (state.samples_in_epoch - start_samples) / max(elapsed, 1e-9),
+                result.line(),
+            )
+            state.epoch, state.samples_in_epoch = state.epoch + 1, 0
+            self.save()
         return result
 
 
@@ -191,10 +209,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     plain_config = to_plain_dict(config)
     checkpoints.save_config(plain_config)
     state = TrainState()
-    found = checkpoints.find_resume_payload()
+    found = find_compatible_checkpoint(checkpoints, plain_config)
     if found is not None:
         path, payload = found
-        check_same_model(path, payload.get("config", {}), plain_config["model"], config.data.num_classes)
         restore(model, payload, path)
         optimizer.load_state_dict(payload["optimizer"])
         state = TrainState(payload["epoch"], payload["step"], payload["samples_in_epoch"])
@@ -210,6 +227,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         checkpoints.last_saved_step = state.step
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=env.rank == 0)
     metrics.drop_after(state.step)
+    samples = MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", enabled=config.trainer.record_samples)
     log.info(
         "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",
         config.model.name,
@@ -220,4 +238,4 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         config.data.batch_size,
     )
     ddp_model = wrap_ddp(model, config.ddp, env)
-    return Trainer(config, env, run_dir, model, ddp_model, optimizer, data, checkpoints, metrics, state)
+    return Trainer(config, env, run_dir, model, ddp_model, optimizer, data, checkpoints, metrics, samples, state)
