@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,9 +101,18 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
     assert f'requires-python = ">={answers["python_version"]}"' in (project / "pyproject.toml").read_text()
 
 
-def test_derived_names() -> None:
-    answers = json.loads((TEMPLATE / "cookiecutter.json").read_text())
-    assert answers["project_name"] == "DDP Project"
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_gitignore_keeps_out_run_dirs_but_no_generated_file(tmp_path: Path) -> None:
+    project = bake(tmp_path, {})
+    generated = files_of(project)
+    (project / "outputs" / "run").mkdir(parents=True)
+    (project / "outputs" / "run" / "metrics.jsonl").write_text("{}")
+    (project / "data" / "cifar10").mkdir(parents=True)
+    (project / "data" / "cifar10" / "batch").write_text("x")
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=project, check=True)
+    tracked = subprocess.run(["git", "ls-files"], cwd=project, capture_output=True, text=True, check=True)
+    assert set(tracked.stdout.split()) == generated
 
 
 def test_names_derive_from_the_project_name(tmp_path: Path) -> None:
