@@ -5,9 +5,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from {{cookiecutter.package_name}}.config import register_configs
-from {{cookiecutter.package_name}}.entry import accept_legacy_local_rank, run_train
-from {{cookiecutter.package_name}}.rundir import register_resolvers
+from {{cookiecutter.package_name}}.entry import prepare, run_train
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -16,7 +14,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    accept_legacy_local_rank(sys.argv)
-    register_configs()
-    register_resolvers()
+    prepare(sys.argv)  # accepts the legacy --local-rank argument, registers the config schema
     main()

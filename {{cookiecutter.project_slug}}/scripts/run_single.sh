@@ -5,6 +5,7 @@
 #
 # KEY=VALUE (upper case):
 #   NPROC_PER_NODE  processes on this machine   (default: the visible GPUs, or 2 without one)
+#   GPUS            the GPUs to use, e.g. GPUS=0,1,2,3: CUDA_VISIBLE_DEVICES, and one process per GPU
 #   MAX_RESTARTS    times torchrun restarts failed workers; they resume from the newest checkpoint (3)
 #   RUN_DIR         the run dir (default: a new outputs/<date>_<time>); an existing one is resumed
 # Examples:
@@ -13,12 +14,10 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-NPROC_PER_NODE="" MAX_RESTARTS=3 RUN_DIR=""
-parse_keys "NPROC_PER_NODE MAX_RESTARTS RUN_DIR" "$@"
-if [[ -z "$NPROC_PER_NODE" ]]; then
-  NPROC_PER_NODE="$(visible_gpu_count)"
-  (( NPROC_PER_NODE > 0 )) || NPROC_PER_NODE=2
-fi
+NPROC_PER_NODE="" GPUS="" MAX_RESTARTS=3 RUN_DIR=""
+parse_keys "NPROC_PER_NODE GPUS MAX_RESTARTS RUN_DIR" "$@"
+apply_gpus
+[[ -n "$NPROC_PER_NODE" ]] || NPROC_PER_NODE="$(default_nproc)"
 require_int NPROC_PER_NODE "$NPROC_PER_NODE" 1
 require_int MAX_RESTARTS "$MAX_RESTARTS" 0
 
@@ -31,7 +30,7 @@ echo "run dir: $RUN_DIR"
 # when the processes share the cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 status=0
-"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node="$NPROC_PER_NODE" \
+run_torchrun --standalone --nproc-per-node="$NPROC_PER_NODE" \
   --max-restarts="$MAX_RESTARTS" train.py hydra.run.dir="$RUN_DIR" "${HYDRA_ARGS[@]}" || status=$?
 echo "run dir: $RUN_DIR (logs/, metrics.jsonl, checkpoints/)"
 if [[ -f "$RUN_DIR/metrics.jsonl" ]]; then

@@ -36,6 +36,11 @@ def compose_config(overrides: list[str] | None = None, name: str = "train") -> D
         return compose(config_name=name, overrides=overrides or [])
 
 
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for launched jobs: one thread per process, unbuffered output."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHON": PYTHON, **(extra or {})}
+
+
 def run(
     cmd: list[str],
     cwd: Path = PROJECT_DIR,
@@ -44,26 +49,23 @@ def run(
     expect_ok: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Run a command; on an unexpected exit code fail with the end of its output."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHON": PYTHON, **(env or {})}
-    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=job_env(env), capture_output=True, text=True, timeout=timeout)
     if expect_ok and proc.returncode != 0:
         output = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{output}")
     return proc
 
 
-def torchrun(script: str, nproc: int, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+def torchrun_command(script: str, nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
     """`torchrun --standalone` (a free port, never a fixed one) with nproc CPU processes."""
-    cmd = [
-        PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(PROJECT_DIR / script),
-        *args,
-    ]
-    return run(cmd, **kwargs)
+    return [
+        PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}", str(PROJECT_DIR / script), *args,
+    ]  # fmt: skip
+
+
+def torchrun(script: str, nproc: int, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    return run(torchrun_command(script, nproc, *args), **kwargs)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

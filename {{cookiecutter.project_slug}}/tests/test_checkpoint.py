@@ -17,7 +17,7 @@ import torch
 
 from {{cookiecutter.package_name}}.checkpoint import list_checkpoints, load_checkpoint
 
-from .conftest import PROJECT_DIR, PYTHON, SMALL, read_metrics, run
+from .conftest import PROJECT_DIR, SMALL, job_env, read_metrics, run, torchrun_command
 
 pytestmark = pytest.mark.slow
 
@@ -28,27 +28,11 @@ LAST_STEP = 48
 
 def start(run_dir: Path, nproc: int, *overrides: str, max_restarts: int = 3) -> subprocess.Popen[str]:
     """torchrun in a session of its own (so the test can signal it like a scheduler would)."""
-    cmd = [
-        PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={max_restarts}",
-        str(PROJECT_DIR / "train.py"),
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = torchrun_command("train.py", nproc, f"hydra.run.dir={run_dir}", *overrides, max_restarts=max_restarts)
     return subprocess.Popen(
-        cmd,
-        cwd=PROJECT_DIR,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        cmd, cwd=PROJECT_DIR, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
-    )
+    )  # fmt: skip
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from .config import CheckpointConfig, ConfigError
+from .distributed import DistEnv, all_gather_int, broadcast_bytes
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +208,26 @@ def find_compatible_checkpoint(checkpoints: Checkpointer, config: dict[str, Any]
         path, payload = found
         check_same_model(path, payload.get("config", {}), config)
     return found
+
+
+def agree_on_checkpoint(found: tuple[Path, dict[str, Any]] | None, env: DistEnv) -> tuple[Path, dict[str, Any]] | None:
+    """Make every rank resume from the newest checkpoint that any rank holds.
+
+    On a shared filesystem all ranks found the same file. Without one, only the nodes that
+    wrote checkpoints hold them: the newest is sent, through the process group, to the ranks
+    that lack it, so a job whose node 0 was replaced still resumes.
+    """
+    steps = all_gather_int(found[1]["step"] if found else -1, env.device)
+    newest = max(steps)
+    if newest < 0 or all(step == newest for step in steps):
+        return found
+    source = steps.index(newest)
+    data = broadcast_bytes(found[0].read_bytes() if env.rank == source and found else None, source, env.device)
+    if found is not None and found[1]["step"] == newest:
+        return found
+    log.info("rank %d holds no checkpoint of step %d; received it from rank %d", env.rank, newest, source)
+    payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return Path(f"rank{source}:{checkpoint_name(newest)}"), payload
 
 
 def restore(model: nn.Module, payload: dict[str, Any], path: Path) -> None:

@@ -35,6 +35,7 @@ def require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 MODEL_NAMES = ("small_cnn", "resnet18", "resnet50")
 DATA_NAMES = ("synthetic", "image_folder", "cifar10")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 
 
 @dataclass
@@ -145,9 +146,18 @@ class DDPConfig:
     find_unused_parameters: bool = MISSING
     broadcast_buffers: bool = MISSING
     sync_batchnorm: bool = MISSING
+    comm_hook: str = MISSING  # none | fp16 | bf16 | powersgd: see comm_hooks.py
+    powersgd_rank: int = MISSING
+    powersgd_start_iter: int = MISSING
 
     def check(self) -> None:
         require_positive("ddp.bucket_cap_mb", self.bucket_cap_mb)
+        require_choice("ddp.comm_hook", self.comm_hook, COMM_HOOKS)
+        require_positive("ddp.powersgd_rank", self.powersgd_rank)
+        require(
+            self.powersgd_start_iter >= 2,
+            f"ddp.powersgd_start_iter must be >= 2 (PowerSGD needs plain steps first), got {self.powersgd_start_iter}",
+        )
 
 
 @dataclass

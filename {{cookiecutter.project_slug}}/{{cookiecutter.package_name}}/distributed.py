@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import logging
 import os
 from collections.abc import Iterator
@@ -35,6 +36,11 @@ class DistEnv:
     local_world_size: int
     backend: str
     device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Global rank 0: the one process that writes files shared by the job."""
+        return self.rank == 0
 
 
 @dataclass(frozen=True)
@@ -79,11 +85,16 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-def process_env(config: DistConfig) -> tuple[int, int, int, int, BackendChoice]:
-    """Read torchrun's variables (a world of one without them) and choose the backend."""
+def process_env(config: DistConfig, visible_gpus: int | None = None) -> tuple[int, int, int, int, BackendChoice]:
+    """Read torchrun's variables (a world of one without them) and choose the backend.
+
+    `visible_gpus` stands in for the GPUs torch sees when a launch script checks a launch
+    for GPUs it was told about (GPUS=...) before the job starts.
+    """
     rank, world_size = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
     local_rank, local_world_size = env_int("LOCAL_RANK", 0), env_int("LOCAL_WORLD_SIZE", 1)
-    visible_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible_gpus is None:
+        visible_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     choice = choose_backend(config.backend, visible_gpus, local_world_size, dist.is_mpi_available())
     return rank, local_rank, world_size, local_world_size, choice
 
@@ -128,7 +139,7 @@ def distributed(config: DistConfig) -> Iterator[DistEnv]:
         )
     env = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, device)
     try:
-        if choice.shared_gpus and rank == 0:
+        if choice.shared_gpus and env.is_main:
             log.warning(
                 "%d local ranks share %d GPU(s): using gloo, since NCCL refuses two ranks on one GPU",
                 local_world_size,
@@ -156,11 +167,6 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
-def barrier() -> None:
-    if is_distributed():
-        dist.barrier()
-
-
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over all ranks in place (a no-op for a world of one) and return it."""
     if is_distributed():
@@ -168,13 +174,35 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def broadcast_object(value: object, src: int = 0) -> object:
-    """Rank `src`'s value on every rank (plain Python values only)."""
+def all_gather_int(value: int, device: torch.device) -> list[int]:
+    """Every rank's `value`, in rank order."""
     if not is_distributed():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+        return [value]
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(get_world_size())]
+    dist.all_gather(gathered, mine)
+    return [int(item.item()) for item in gathered]
+
+
+def broadcast_bytes(data: bytes | None, src: int, device: torch.device) -> bytes:
+    """Rank `src`'s bytes on every rank (a file, say), through the training backend."""
+    size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src)
+    if get_rank() == src and data is not None:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buffer, src=src)
+    return buffer.cpu().numpy().tobytes()
+
+
+def weights_fingerprint(module: nn.Module) -> str:
+    """A hash of every parameter and buffer: equal on all ranks when DDP kept them in sync."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def sync_buffers_from_rank_zero(module: torch.nn.Module) -> None:

@@ -18,19 +18,21 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from .checkpoint import Checkpointer, find_compatible_checkpoint, load_checkpoint, restore
-from .config import ConfigError, compose_for_checkpoint, to_plain_dict, to_train_config
+from .config import ConfigError, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
 from .data import build_data
 from .distributed import distributed, process_env
 from .evaluate import evaluate
 from .logs import setup_logging
 from .models import build_model
 from .preemption import Preempted
+from .rundir import register_resolvers
 from .trainer import build_trainer
 
 log = logging.getLogger(__name__)
 
 # Set by the launch scripts: validate the config and the launch, then exit before any work.
 CHECK_ONLY_ENV = "DDP_CHECK_ONLY"
+CHECK_GPUS_ENV = "DDP_CHECK_VISIBLE_GPUS"  # the GPUs a launch was given (GPUS=...), for that check
 USER_ERROR_EXIT = 2
 PREEMPTED_EXIT = 143  # 128 + SIGTERM, as a shell reports a process ended by it
 
@@ -49,6 +51,13 @@ def accept_legacy_local_rank(argv: list[str]) -> None:
             continue
         kept.append(arg)
     argv[1:] = kept
+
+
+def prepare(argv: list[str]) -> None:
+    """What train.py and eval.py do before Hydra parses the command line."""
+    accept_legacy_local_rank(argv)
+    register_configs()
+    register_resolvers()
 
 
 def fail(message: str) -> NoReturn:
@@ -71,13 +80,17 @@ def run_train(cfg: DictConfig) -> None:
 
     def body() -> None:
         config = to_train_config(cfg)
-        process_env(config.dist)  # an impossible backend fails here, before any process group
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if os.environ.get(CHECK_ONLY_ENV):  # also refuse a run dir whose checkpoints hold another model
+        if os.environ.get(CHECK_ONLY_ENV):
+            gpus = os.environ.get(CHECK_GPUS_ENV)
+            process_env(
+                config.dist, int(gpus) if gpus else None
+            )  # also refuse a run dir whose checkpoints hold another model
             checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=False)
             checkpoints.refuse_to_overwrite()
             find_compatible_checkpoint(checkpoints, to_plain_dict(config))
             return
+        process_env(config.dist)  # an impossible backend fails here, before any process group
         with distributed(config.dist) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)
@@ -109,7 +122,7 @@ def run_eval(cfg: DictConfig) -> None:
             data = build_data(config.data, env, config.seed)
             result = evaluate(model, data.val_loader, env.device)
             log.info("evaluated %s (step %d) on %d processes", path, payload["step"], env.world_size)
-            if env.rank == 0:
+            if env.is_main:
                 print(result.line(), flush=True)
 
     reporting_user_errors(body)

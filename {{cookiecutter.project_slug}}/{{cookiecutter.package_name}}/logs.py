@@ -43,7 +43,7 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
     root.setLevel(logging.INFO)
 
     console = logging.StreamHandler(sys.stderr)
-    console_level = logging.INFO if env.rank == 0 or all_ranks_console else logging.WARNING
+    console_level = logging.INFO if env.is_main or all_ranks_console else logging.WARNING
     console.addFilter(_RankFilter(env.rank, env.local_rank, console_level))
     console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
     root.addHandler(console)
@@ -84,4 +84,4 @@ class MetricsLog:
 
 def use_progress_bar(env: DistEnv) -> bool:
     """A progress bar only on rank 0, and only when a person watches a terminal."""
-    return env.rank == 0 and sys.stderr.isatty()
+    return env.is_main and sys.stderr.isatty()

@@ -42,10 +42,3 @@ def build_model(config: ModelConfig, num_classes: int) -> nn.Module:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model inside DDP (and torch.compile) wrappers."""
-    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = getattr(model, "module", None) or model._orig_mod  # type: ignore[assignment]
-    return model

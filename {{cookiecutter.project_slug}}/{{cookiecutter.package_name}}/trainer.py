@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import Checkpointer, TrainState, find_compatible_checkpoint, restore
+from .checkpoint import Checkpointer, TrainState, agree_on_checkpoint, check_same_model, restore
+from .comm_hooks import hook_state_dict, register_comm_hook
 from .config import TrainConfig, to_plain_dict
 from .data import Data, build_data
-from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, wrap_ddp
+from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, weights_fingerprint, wrap_ddp
 from .evaluate import EvalResult, evaluate
 from .logs import MetricsLog, use_progress_bar
 from .models import build_model, count_parameters
@@ -52,6 +53,8 @@ class Trainer:
     metrics: MetricsLog
     samples: MetricsLog  # the sample audit, when trainer.record_samples is on
     state: TrainState
+    plain_config: dict[str, Any]  # the config as a checkpoint stores it
+    comm_hook: Any  # the PowerSGD hook, whose memory is checkpointed; None for the others
 
     def components(self) -> dict[str, Any]:
         """Everything a checkpoint holds besides the TrainState counters."""
@@ -60,14 +63,15 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": {"lr": self.optimizer.param_groups[0]["lr"]},  # the LR is a function of progress
             "world_size": self.env.world_size,
-            "config": to_plain_dict(self.config),
+            "config": self.plain_config,
         }
 
     def save(self) -> None:
+        started = time.perf_counter()
+        hook_state = hook_state_dict(self.comm_hook)  # a collective when PowerSGD is on
         if not self.checkpoints.is_writer:
             return
-        started = time.perf_counter()
-        if self.checkpoints.save(self.state, self.components()):
+        if self.checkpoints.save(self.state, {**self.components(), "comm_hook": hook_state}):
             held_ms = 1e3 * (time.perf_counter() - started)
             log.info(
                 "checkpoint of step %d: training held %.1f ms, writing in the background", self.state.step, held_ms
@@ -165,6 +169,8 @@ class Trainer:
         if result is None:
             log.info("training had already finished at step %d; evaluating", self.state.step)
             result = self.validate()
+        # validate() gave every rank rank 0's buffers; DDP kept the parameters equal.
+        log.info("weights at step %d: sha256 %s", self.state.step, weights_fingerprint(self.model))
         return result
 
     def train_epochs(self, stop: StopOnSigterm) -> EvalResult | None:
@@ -205,13 +211,14 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model.to(env.device)
     optimizer = build_optimizer(config.optim, model)
-    checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=env.rank == 0)
+    checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
     plain_config = to_plain_dict(config)
     checkpoints.save_config(plain_config)
     state = TrainState()
-    found = find_compatible_checkpoint(checkpoints, plain_config)
+    found = agree_on_checkpoint(checkpoints.find_resume_payload(), env)
     if found is not None:
         path, payload = found
+        check_same_model(path, payload.get("config", {}), plain_config)
         restore(model, payload, path)
         optimizer.load_state_dict(payload["optimizer"])
         state = TrainState(payload["epoch"], payload["step"], payload["samples_in_epoch"])
@@ -225,7 +232,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
             env.world_size,
         )
         checkpoints.last_saved_step = state.step
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=env.rank == 0)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=env.is_main)
     metrics.drop_after(state.step)
     samples = MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", enabled=config.trainer.record_samples)
     log.info(
@@ -238,4 +245,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         config.data.batch_size,
     )
     ddp_model = wrap_ddp(model, config.ddp, env)
-    return Trainer(config, env, run_dir, model, ddp_model, optimizer, data, checkpoints, metrics, samples, state)
+    hook_state = register_comm_hook(ddp_model, config.ddp, found[1].get("comm_hook") if found else None, env)
+    return Trainer(
+        config, env, run_dir, model, ddp_model, optimizer, data, checkpoints, metrics, samples, state, plain_config,
+        hook_state,
+    )  # fmt: skip

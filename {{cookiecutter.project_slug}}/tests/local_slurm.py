@@ -1,0 +1,199 @@
+"""A private one-node Slurm cluster for tests (real slurmctld, slurmd; no /etc/slurm): clients use SLURM_CONF."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+REQUIRED = ("slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "munged", "munge")
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+MUNGE_KEY = pathlib.Path("/etc/munge/munge.key")
+
+
+def _which(name: str) -> str:
+    # Debian puts the daemons in /usr/sbin, which is often missing from PATH.
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/sbin") or ""
+
+
+def _run(*cmd: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_which(cmd[0]) or cmd[0], *cmd[1:]], capture_output=True, text=True, **kwargs)
+
+
+def _spawn(cmd: list[str], log: pathlib.Path, **kwargs: Any) -> subprocess.Popen[bytes]:
+    # A new session keeps a terminal's Ctrl-C away from the daemons: only local_slurm's cleanup stops them.
+    with log.open("ab") as out:
+        return subprocess.Popen([_which(cmd[0]), *cmd[1:]], stdout=out, stderr=out, start_new_session=True, **kwargs)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    proc.terminate()  # a no-op if it already exited
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _tail(paths: list[pathlib.Path], lines: int = 30) -> str:
+    return "\n".join(
+        f"--- {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:]) for p in paths if p.is_file()
+    )
+
+
+def slurm_unavailable_reason() -> str | None:
+    """Why a local Slurm cannot be started here (one line), or None if it can."""
+    if os.geteuid() != 0:
+        return "local Slurm needs root (slurmctld and slurmd run as root)"
+    missing = [name for name in REQUIRED if not _which(name)]
+    return f"not installed: {', '.join(missing)} (see .ci/install_slurm.sh)" if missing else None
+
+
+def _start_munged(log: pathlib.Path) -> subprocess.Popen[bytes]:
+    """Start munged in the foreground as the munge user (it insists on owning its key)."""
+    user = "munge" if "munge" in {p.pw_name for p in pwd.getpwall()} else "root"
+    if not MUNGE_KEY.exists():
+        _run("mungekey", "--create", f"--keyfile={MUNGE_KEY}", check=True)
+        shutil.chown(MUNGE_KEY, user, user)
+    # /run is a tmpfs and, without systemd, nothing else creates munged's socket directory.
+    pathlib.Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", user, user)
+    proc = _spawn(["munged", "--foreground"], log, user=user, group=user, extra_groups=[])
+    deadline = time.monotonic() + 10
+    while _run("munge", "-n").returncode != 0:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            raise RuntimeError(f"munged did not start\n{_tail([log, pathlib.Path('/var/log/munge/munged.log')])}")
+        time.sleep(0.1)
+    return proc
+
+
+def _write_conf(workdir: pathlib.Path, host: str) -> pathlib.Path:
+    # Ports asked of the OS, never fixed ones; both stay bound until both are known, so they differ.
+    with socket.socket() as one, socket.socket() as two:
+        one.bind(("127.0.0.1", 0))
+        two.bind(("127.0.0.1", 0))
+        ctld_port, slurmd_port = one.getsockname()[1], two.getsockname()[1]
+    for sub in ("state", "spool", "log"):
+        (workdir / sub).mkdir(parents=True, exist_ok=True)
+    # slurmd drains a node with less memory than RealMemory, so claim well below the real amount.
+    memory = min(1024, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 2)
+    conf = workdir / "slurm.conf"
+    # CR_CPU: jobs share the node by CPU and are not given all its memory, so small jobs run side by side.
+    conf.write_text(
+        f"""\
+ClusterName=localtest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+StateSaveLocation={workdir}/state
+SlurmdSpoolDir={workdir}/spool
+SlurmctldPidFile={workdir}/slurmctld.pid
+SlurmdPidFile={workdir}/slurmd.pid
+SlurmctldLogFile={workdir}/log/slurmctld.log
+SlurmdLogFile={workdir}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MailProg=/bin/true
+NodeName={host} NodeAddr=127.0.0.1 CPUs={len(os.sched_getaffinity(0))} RealMemory={memory} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+    )
+    return conf
+
+
+def _kill_tagged(conf: str, spare: str = "") -> None:
+    """SIGKILL every process whose environment names this cluster's slurm.conf (except those called `spare`)."""
+    # Job tasks and slurmstepds all carry SLURM_CONF=<conf>, even children reparented to init that linuxproc lost,
+    # and nothing else on the machine does. (Killing the pids `scontrol listpids` gave once hit unrelated processes.)
+    tag = f"SLURM_CONF={conf}".encode()
+    for proc in pathlib.Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            if tag in (proc / "environ").read_bytes().split(b"\0") and (proc / "comm").read_text().strip() != spare:
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def _cancel_all(env: dict[str, str], timeout: float = 15) -> None:
+    """Cancel every job and SIGKILL its tasks at once: a plain cancel waits KillWait (30 s) after SIGTERM."""
+    _run("scancel", "--partition=debug", env=env)  # also drops pending jobs, so none starts meanwhile
+    deadline = time.monotonic() + timeout
+    while _run("squeue", "-h", env=env).stdout.strip() and time.monotonic() < deadline:
+        _kill_tagged(env["SLURM_CONF"], spare="slurmstepd")  # it reports the job done once its tasks are gone
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def local_slurm(workdir: pathlib.Path) -> Iterator[dict[str, str]]:
+    """Run slurmctld and slurmd here; yield an env (SLURM_CONF set) for sbatch, squeue and scontrol.
+
+    Needs root and .ci/install_slurm.sh. One cluster per machine at a time: a munged started here is shared.
+    """
+    workdir = workdir.resolve()
+    host = socket.gethostname().split(".")[0]  # what `hostname -s` prints and slurmd calls itself
+    conf = _write_conf(workdir, host)
+    log = workdir / "log"
+    # Drop SLURM_* of an enclosing allocation so it cannot leak into this cluster's jobs.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"SLURM_CONF": str(conf)}
+    munged: subprocess.Popen[bytes] | None = None
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        if _run("munge", "-n").returncode != 0:  # no munged answering yet
+            munged = _start_munged(log / "munged.out")
+        # -D keeps the daemons our children, so cleanup knows exactly what to stop; -c: no state from a past run.
+        daemons.append(_spawn(["slurmctld", "-D", "-c", "-i", "-f", str(conf)], log / "slurmctld.out"))
+        daemons.append(_spawn(["slurmd", "-D", "-N", host, "-f", str(conf)], log / "slurmd.out"))
+        deadline = time.monotonic() + 30
+        while (state := _run("sinfo", "-h", "-N", "-n", host, "-o", "%T", env=env).stdout.strip()) != "idle":
+            if any(proc.poll() is not None for proc in daemons):
+                raise RuntimeError(f"a Slurm daemon exited during startup\n{_tail(sorted(log.glob('*')))}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {state or 'unknown'}, not idle, after 30 s\n{_tail(sorted(log.glob('*')))}")
+            time.sleep(0.2)
+        yield env
+    finally:
+        if daemons and all(proc.poll() is None for proc in daemons):
+            _cancel_all(env)
+        for proc in reversed(daemons):  # slurmd first, then slurmctld
+            _stop(proc)
+        _kill_tagged(str(conf))  # a lingering slurmstepd, or a job's child that escaped linuxproc
+        if munged is not None:
+            _stop(munged)
+
+
+def wait_for_job(job_id: str, env: dict[str, str], timeout: float) -> str:
+    """Poll `scontrol show job` until the job is in a terminal state; return that state."""
+    deadline = time.monotonic() + timeout
+    state = "unknown"
+    while time.monotonic() < deadline:
+        proc = _run("scontrol", "-o", "show", "job", job_id, env=env)
+        if proc.returncode != 0:  # e.g. the record was purged, MinJobAge (300 s) after the job ended
+            raise RuntimeError(f"scontrol show job {job_id}: {proc.stderr.strip()}")
+        if (match := re.search(r"\bJobState=(\S+)", proc.stdout)) and (state := match.group(1)) in TERMINAL_STATES:
+            return state
+        time.sleep(0.25)
+    raise TimeoutError(f"job {job_id} still {state} after {timeout} s")
+
+
+def submit(script: pathlib.Path, env: dict[str, str], *args: str, cwd: pathlib.Path) -> str:
+    """`sbatch --parsable [args] script` in cwd; return the job id."""
+    proc = _run("sbatch", "--parsable", *args, str(script), cwd=cwd, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout.strip().split(";")[0]  # "id" or "id;cluster"

@@ -1,0 +1,86 @@
+"""Communication options: compression hooks, GPU selection, backend choice."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch.distributed as dist
+
+from .conftest import SMALL, read_metrics, run
+from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
+def test_each_hook_trains_two_processes(hook: str, tmp_path) -> None:
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL,
+                f"ddp.comm_hook={hook}", "ddp.powersgd_start_iter=4"])  # fmt: skip
+    assert f"DDP communication hook: {hook}" in proc.stderr
+    records = read_metrics(tmp_path)
+    losses = [r["train_loss"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert [r for r in records if r["kind"] == "val"][-1]["val_acc"] > 0.3
+
+
+POWERSGD = [*SMALL, "trainer.epochs=2", "checkpoint.every_n_steps=5", "checkpoint.keep_last=20",
+            "ddp.comm_hook=powersgd", "ddp.powersgd_start_iter=3"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_powersgd_resumes_after_sigkill_from_its_saved_state(tmp_path) -> None:
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    code, output = finish(start(reference, 2, *POWERSGD))
+    assert code == 0, output[-3000:]
+    proc = start(killed, 2, *POWERSGD)
+    wait_for(lambda: 15 in steps_saved(killed), "the checkpoint of step 15")
+    os.kill(worker_pid(killed, 1), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-3000:]
+    assert "resumed from" in output
+    assert_bit_identical(reference, killed, step=32)
+
+    import torch
+
+    saved = torch.load(killed / "checkpoints" / "step_00000032.pt", weights_only=True)["comm_hook"]
+    assert len(saved["error_per_rank"]) == 2 and saved["iter"] > 3
+    errors = saved["error_per_rank"][0]
+    assert "0.0.weight" in errors and any(tensor.abs().sum() > 0 for tensor in errors.values())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["GPUS=a,b"], "GPUS=a,b: give GPU indices separated by commas"),
+        (["GPUS=0,,1"], "GPUS=0,,1: give GPU indices separated by commas"),
+        (["GPUS=1,1"], "GPUS=1,1 lists a GPU twice"),
+        (["GPUS=0,1", "NPROC_PER_NODE=4", "dist.backend=nccl"], "nproc_per_node=4 but only 2 visible GPU(s)"),
+        (["GPUS=0", "NPROC_PER_NODE=2", "dist.backend=nccl"], "NCCL cannot put two ranks on one GPU"),
+    ],
+)
+def test_gpus_key_is_checked_before_torchrun(args: list[str], message: str) -> None:
+    proc = run(["bash", "scripts/run_single.sh", *args], expect_ok=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "torch.distributed" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_gpus_key_sets_one_process_per_listed_gpu(tmp_path) -> None:
+    proc = run(["bash", "scripts/run_single.sh", "GPUS=0,1,2", f"RUN_DIR={tmp_path}", *SMALL, "trainer.epochs=1",
+                "data.train_size=96"])  # fmt: skip
+    assert "world size 3" in proc.stderr
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank_0.log", "rank_1.log", "rank_2.log"}
+
+
+@pytest.mark.skipif(dist.is_mpi_available(), reason="this torch has MPI: the backend is accepted")
+def test_mpi_is_refused_with_a_hint_where_torch_lacks_it() -> None:
+    proc = run(["bash", "scripts/run_single.sh", "dist.backend=mpi"], expect_ok=False)
+    assert proc.returncode == 2
+    assert "dist.backend=mpi: this torch was built without MPI; use dist.backend=gloo or nccl" in proc.stderr
+
+
+@pytest.mark.parametrize("override", ["ddp.comm_hook=int8", "ddp.powersgd_rank=0", "ddp.powersgd_start_iter=1"])
+def test_bad_hook_settings_are_refused(override: str) -> None:
+    proc = run(["bash", "scripts/run_single.sh", override], expect_ok=False)
+    assert proc.returncode == 2 and override.split("=")[0] in proc.stderr

@@ -1,0 +1,260 @@
+"""Several nodes, played by several run_multi.sh processes on this machine (and in network namespaces)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import PROJECT_DIR, SMALL, job_env, read_metrics, run
+
+JOB = [*SMALL, "trainer.epochs=1", "data.train_size=512", "data.val_size=200"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def node(rank: int, port: int, *args: str, project: Path = PROJECT_DIR, script: str = "run_multi.sh"):
+    """One node: a launch script in a session of its own, output captured."""
+    cmd = ["bash", str(project / "scripts" / script), f"NODE_RANK={rank}", "MASTER_ADDR=127.0.0.1",
+           f"MASTER_PORT={port}", "NPROC_PER_NODE=1", *args]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=project, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def finish(*procs: subprocess.Popen[str], timeout: float = 240) -> list[str]:
+    outputs = []
+    for proc in procs:
+        output, _ = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, output[-4000:]
+        outputs.append(output)
+    return outputs
+
+
+def fingerprints(run_dir: Path) -> dict[str, str]:
+    """Each rank's last 'weights at step N: sha256 H' line."""
+    found = {}
+    for path in sorted((run_dir / "logs").glob("rank_*.log")):
+        hashes = re.findall(r"weights at step \d+: sha256 (\w+)", path.read_text())
+        if hashes:
+            found[path.stem] = hashes[-1]
+    return found
+
+
+def wait_for_file(path_glob: str, root: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(root.glob(path_glob)):
+        assert time.monotonic() < deadline, f"no {path_glob} under {root} after {timeout} s"
+        time.sleep(0.2)
+
+
+def kill_node(proc: subprocess.Popen[str]) -> None:
+    """A node dies: its launcher, torchrun and every worker, at once."""
+    workers = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    agents = [int(pid) for pid in workers]
+    children = []
+    for agent in agents:
+        children += subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True).stdout.split()
+    for pid in [*agents, *map(int, children)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "NODE_RANK is required"),
+        (["NODE_RANK=2", "NNODES=2"], "NODE_RANK=2 is outside 0..1 for NNODES=2"),
+        (["NODE_RANK=0", "NNODES=two"], "NNODES=two is not a whole number"),
+        (["NODE_RANK=0", "NNODES=3:2"], "NNODES=3:2: MIN is larger than MAX"),
+        (["NODE_RANK=0", "NPROC_PER_NODE=1.5"], "NPROC_PER_NODE=1.5 is not a whole number"),
+        (["NODE_RANK=1"], "MASTER_ADDR is required on node 1"),
+        (["NODE_RANK=0", "MASTER_PORT=70000"], "MASTER_PORT=70000 is outside 1..65535"),
+        (["NODE_RANK=0", "MASTER_PORT=0"], "MASTER_PORT=0 must be at least 1"),
+        (["NODE_RANK=0", "FOO=1"], "unknown key FOO"),
+    ],
+)
+def test_bad_input_is_refused_before_torchrun(args: list[str], message: str) -> None:
+    proc = run(["bash", "scripts/run_multi.sh", *args], expect_ok=False, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert "torch.distributed" not in proc.stdout + proc.stderr
+
+
+def test_node_zero_refuses_a_taken_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=0", f"MASTER_PORT={port}"], expect_ok=False)
+    assert proc.returncode == 2
+    assert f"MASTER_PORT={port} is already in use on this machine" in proc.stderr
+
+
+def test_other_nodes_wait_for_the_master_then_give_a_hint() -> None:
+    port = free_port()
+    started = time.monotonic()
+    proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=1", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={port}",
+                "WAIT_FOR_MASTER_S=2"], expect_ok=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert f"node 0 is not reachable at 127.0.0.1:{port} after 2 s" in proc.stderr
+    assert f"nc -zv 127.0.0.1 {port}" in proc.stderr
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+def test_two_static_nodes_train_together_with_identical_weights() -> None:
+    port = free_port()
+    run_name = f"static_{uuid.uuid4().hex[:8]}"
+    first, second = node(1, port, f"RUN_NAME={run_name}", *JOB), node(0, port, f"RUN_NAME={run_name}", *JOB)
+    outputs = finish(second, first)
+    run_dir = PROJECT_DIR / "outputs" / run_name
+    try:
+        prints = fingerprints(run_dir)
+        assert set(prints) == {"rank_0", "rank_1"} and len(set(prints.values())) == 1, prints
+        assert "world size 2" in outputs[0]
+        assert [r["kind"] for r in read_metrics(run_dir)][-1] == "val"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_resume_without_a_shared_filesystem_sends_the_checkpoint(tmp_path: Path) -> None:
+    projects = []
+    for name in ("node0", "node1"):  # each node its own disk: a copy of the project
+        shutil.copytree(PROJECT_DIR, tmp_path / name, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
+        projects.append(tmp_path / name)
+    for epochs in (1, 2):
+        port = free_port()
+        args = ("RUN_NAME=shared_nothing", *JOB, f"trainer.epochs={epochs}")
+        finish(node(0, port, *args, project=projects[0]), node(1, port, *args, project=projects[1]))
+    node1_dir = projects[1] / "outputs" / "shared_nothing"
+    assert not list((node1_dir / "checkpoints").glob("step_*.pt")), "only global rank 0 writes checkpoints"
+    assert "received it from rank 0" in (node1_dir / "logs" / "rank_1.log").read_text()
+    prints = {**fingerprints(projects[0] / "outputs" / "shared_nothing"), **fingerprints(node1_dir)}
+    assert len(prints) == 2 and len(set(prints.values())) == 1, prints
+    assert read_metrics(projects[0] / "outputs" / "shared_nothing")[-1]["epoch"] == 1
+
+
+ELASTIC = ["NNODES=1:2", *SMALL, "trainer.epochs=3", "data.train_size=2048", "checkpoint.every_n_steps=10"]
+
+
+@pytest.mark.slow
+def test_elastic_node_joining_restarts_with_the_larger_world_and_resumes() -> None:
+    port, run_name = free_port(), f"join_{uuid.uuid4().hex[:8]}"
+    run_dir = PROJECT_DIR / "outputs" / run_name
+    first = node(0, port, f"RUN_NAME={run_name}", *ELASTIC)
+    try:
+        wait_for_file("checkpoints/step_00000010.pt", run_dir)
+        second = node(1, port, f"RUN_NAME={run_name}", *ELASTIC)
+        finish(first, second)
+        log = (run_dir / "logs" / "rank_0.log").read_text()
+        assert "world size 1" in log and re.search(r"resumed from .*\(saved by 1 processes, now 2\)", log)
+        prints = fingerprints(run_dir)
+        assert set(prints) == {"rank_0", "rank_1"} and len(set(prints.values())) == 1, prints
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_elastic_job_goes_on_when_a_node_is_killed() -> None:
+    port, run_name = free_port(), f"leave_{uuid.uuid4().hex[:8]}"
+    run_dir = PROJECT_DIR / "outputs" / run_name
+    first = node(0, port, f"RUN_NAME={run_name}", *ELASTIC)
+    second = node(1, port, f"RUN_NAME={run_name}", *ELASTIC)
+    try:
+        wait_for_file("checkpoints/step_00000010.pt", run_dir)
+        kill_node(second)
+        (output,) = finish(first)
+        log = (run_dir / "logs" / "rank_0.log").read_text()
+        assert re.search(r"resumed from .*\(saved by 2 processes, now 1\)", log), log[-2000:]
+        assert "final: val_loss=" in output
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def netns_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "iproute2's ip is not installed"
+    return None
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[tuple[list[str], list[str], list[str]]]:
+    """Two network namespaces joined by a veth pair: (ns prefixes, addresses, interface names)."""
+    if reason := netns_unavailable():
+        pytest.skip(reason)
+    tag = uuid.uuid4().hex[:6]
+    names, links = [f"ddpt{tag}a", f"ddpt{tag}b"], [f"vddp{tag}a", f"vddp{tag}b"]
+    octet = 16 + int(tag[:2], 16) % 200  # a subnet of the test's own, only inside its namespaces
+    addresses = [f"10.{octet}.77.1", f"10.{octet}.77.2"]
+    commands = [["ip", "netns", "add", name] for name in names]
+    commands.append(["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]])
+    for name, link, address in zip(names, links, addresses, strict=True):
+        commands += [
+            ["ip", "link", "set", link, "netns", name],
+            ["ip", "-n", name, "addr", "add", f"{address}/24", "dev", link],
+            ["ip", "-n", name, "link", "set", link, "up"],
+            ["ip", "-n", name, "link", "set", "lo", "up"],
+        ]
+    try:
+        for command in commands:
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                pytest.skip(f"cannot build network namespaces here: {' '.join(command)}: {result.stderr.strip()}")
+        yield [["ip", "netns", "exec", name] for name in names], addresses, links
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+@pytest.mark.slow
+def test_two_nodes_in_network_namespaces_over_a_real_address(two_hosts) -> None:
+    prefixes, addresses, _ = two_hosts
+    port, run_name = free_port(), f"netns_{uuid.uuid4().hex[:8]}"
+    run_dir = PROJECT_DIR / "outputs" / run_name
+    common = (f"RUN_NAME={run_name}", *JOB)
+    procs = [
+        subprocess.Popen(
+            [
+                *prefix,
+                "bash",
+                "scripts/run_multi.sh",
+                f"NODE_RANK={rank}",
+                f"MASTER_ADDR={addresses[0]}",
+                f"MASTER_PORT={port}",
+                f"LOCAL_ADDR={addresses[rank]}",
+                "NPROC_PER_NODE=1",
+                *common,
+            ],
+            cwd=PROJECT_DIR,
+            env=job_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for rank, prefix in enumerate(prefixes)
+    ]
+    try:
+        outputs = finish(*procs)
+        prints = fingerprints(run_dir)
+        assert set(prints) == {"rank_0", "rank_1"} and len(set(prints.values())) == 1, prints
+        assert "world size 2" in outputs[0]
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)

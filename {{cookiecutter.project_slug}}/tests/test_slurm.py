@@ -1,0 +1,74 @@
+"""scripts/slurm.sbatch on a real, private one-node Slurm (tests/local_slurm.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import PROJECT_DIR, SMALL, job_env, read_metrics
+from .local_slurm import local_slurm, slurm_unavailable_reason, wait_for_job
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
+    if reason := slurm_unavailable_reason():
+        pytest.skip(reason)
+    with local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield {**job_env(), **{k: v for k, v in env.items() if k.startswith("SLURM")}, "NPROC_PER_NODE": "2"}
+
+
+def sbatch(env: dict[str, str], output: Path, *overrides: str) -> str:
+    """Submit the project's script as a user would, Hydra overrides after it."""
+    cmd = ["sbatch", "--parsable", "--nodes=1", "--time=10", f"--output={output}", "scripts/slurm.sbatch", *overrides]
+    proc = subprocess.run(cmd, cwd=PROJECT_DIR, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def run_dir_of(job_id: str) -> Path:
+    return PROJECT_DIR / "outputs" / f"slurm_{job_id}"
+
+
+def test_sbatch_trains_with_one_torchrun_per_node(slurm, tmp_path) -> None:
+    output = tmp_path / "job.out"
+    job_id = sbatch(slurm, output, *SMALL, "trainer.epochs=1", "data.train_size=256")
+    try:
+        state = wait_for_job(job_id, slurm, timeout=240)
+        log = output.read_text()
+        assert state == "COMPLETED", log[-3000:]
+        assert f"job {job_id}, restart 0: 1 node(s), rendezvous" in log
+        assert "world size 2" in log
+        assert read_metrics(run_dir_of(job_id))[-1]["kind"] == "val"
+    finally:
+        shutil.rmtree(run_dir_of(job_id), ignore_errors=True)
+
+
+def test_sigterm_checkpoints_and_the_job_requeues_and_resumes(slurm, tmp_path) -> None:
+    output = tmp_path / "job.out"
+    job_id = sbatch(slurm, output, *SMALL, "trainer.epochs=3", "data.train_size=2048", "checkpoint.every_n_steps=0")
+    run_dir = run_dir_of(job_id)
+    try:
+        deadline = time.monotonic() + 180
+        while not list((run_dir / "checkpoints").glob("step_*.pt")):
+            assert time.monotonic() < deadline, output.read_text()[-3000:] if output.exists() else "no output"
+            time.sleep(0.5)
+        # What Slurm does before the time limit (--signal=TERM@120): SIGTERM to the job's steps.
+        subprocess.run(["scancel", "--signal=TERM", job_id], env=slurm, check=True)
+        deadline = time.monotonic() + 300
+        while "final: val_loss=" not in (log := output.read_text()):
+            assert time.monotonic() < deadline, log[-4000:]
+            time.sleep(1)
+        assert wait_for_job(job_id, slurm, timeout=60) == "COMPLETED"
+        assert "stopped by SIGTERM with a checkpoint saved: requeueing job" in log
+        assert f"job {job_id}, restart 1:" in log
+        rank0 = (run_dir / "logs" / "rank_0.log").read_text()
+        assert "stopped by SIGTERM after step" in rank0 and "resumed from" in rank0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
