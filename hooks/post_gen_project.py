@@ -1,8 +1,44 @@
-"""After baking: make the launch scripts executable and say where to start."""
+"""After baking: drop the parts that were not chosen, make scripts executable, optionally git init.
+
+Unchosen options leave no trace: their files go here; their lines in shared files are
+chosen by Jinja where the file is rendered.
+"""
 
 import pathlib
+import shutil
+import subprocess
 
-for script in pathlib.Path("scripts").glob("*.sh"):
-    script.chmod(0o755)
+# Filled in by cookiecutter before this hook runs.
+CHOICES = {
+    "license": "{{ cookiecutter.license }}",
+    "tensorboard": "{{ cookiecutter.tensorboard }}",
+    "slurm": "{{ cookiecutter.slurm }}",
+    "git_init": "{{ cookiecutter.git_init }}",
+}
+PACKAGE = "{{ cookiecutter.package_name }}"
 
-print("Project ready. Next: cd {{ cookiecutter.project_slug }} && pip install -e '.[dev]' && bash scripts/run_single.sh")
+UNCHOSEN_FILES = {
+    ("tensorboard", "no"): [f"{PACKAGE}/tensorboard_log.py", "tests/test_tensorboard.py"],
+    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py"],
+    ("license", "none"): ["LICENSE"],
+}
+
+
+def main() -> None:
+    for (option, value), paths in UNCHOSEN_FILES.items():
+        if CHOICES[option] == value:
+            for path in paths:
+                pathlib.Path(path).unlink()
+    for script in pathlib.Path("scripts").glob("*.sh"):
+        script.chmod(0o755)
+    if CHOICES["git_init"] == "yes" and shutil.which("git"):
+        has_identity = subprocess.run(["git", "config", "user.email"], capture_output=True).returncode == 0
+        identity = [] if has_identity else ["-c", "user.name={{ cookiecutter.author }}", "-c", "user.email=@"]
+        subprocess.run(["git", "init", "-q"], check=True)
+        subprocess.run(["git", "add", "-A"], check=True)
+        subprocess.run(["git", *identity, "commit", "-q", "-m", "Project from the DDP training template"], check=True)
+    print("Project ready. Next: cd {{ cookiecutter.project_slug }} && pip install -e '.[dev]' && bash scripts/run_single.sh")
+
+
+if __name__ == "__main__":
+    main()

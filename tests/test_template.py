@@ -19,10 +19,13 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 EXPECTED_FILES = {
     ".cookiecutter.json",
     ".gitignore",
+    ".pre-commit-config.yaml",
+    "LICENSE",
     "README.md",
     "pyproject.toml",
     "train.py",
     "eval.py",
+    "benchmarks/comm_hooks.py",
     "configs/train.yaml",
     "configs/eval.yaml",
     "configs/model/small_cnn.yaml",
@@ -36,6 +39,7 @@ EXPECTED_FILES = {
     "scripts/check_comm.sh",
     "scripts/cluster.env",
     "scripts/common.sh",
+    "scripts/plot_metrics.py",
     "scripts/run_multi.sh",
     "scripts/run_single.sh",
     "scripts/slurm.sbatch",
@@ -53,6 +57,7 @@ EXPECTED_FILES = {
     "PKG/optim.py",
     "PKG/preemption.py",
     "PKG/rundir.py",
+    "PKG/tensorboard_log.py",
     "PKG/trainer.py",
     "tests/__init__.py",
     "tests/conftest.py",
@@ -65,28 +70,50 @@ EXPECTED_FILES = {
     "tests/test_distributed.py",
     "tests/test_multinode.py",
     "tests/test_slurm.py",
+    "tests/test_tensorboard.py",
     "tests/test_training.py",
 }
 
-# Readable ids: each bake differs from the defaults in one way.
+# What each non-default choice removes from the generated project.
+REMOVED = {
+    ("tensorboard", "no"): {"PKG/tensorboard_log.py", "tests/test_tensorboard.py"},
+    ("slurm", "no"): {"scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py"},
+    ("license", "none"): {"LICENSE"},
+}
+# ...and words that must then appear in no generated file.
+TRACES = {
+    ("tensorboard", "no"): ["tensorboard_log", "SummaryWriter", "log.tensorboard", "tensorboard>=", "tb/"],
+    ("slurm", "no"): ["sbatch", "local_slurm", "SLURM_"],
+    ("license", "none"): ["license = ", "Permission is hereby granted", "Apache License"],
+}
+
+# Readable ids: each bake differs from the defaults in one way (git_init=no keeps .git out).
 BAKES = {
     "defaults": {},
     "project_name": {"project_name": "Vision Net-2"},
     "package_name": {"project_name": "Team Project", "package_name": "team_trainer"},
-    "python_version": {"python_version": "3.11"},
+    "python_3.12": {"python_version": "3.12"},
     "author_description": {"author": "Ada Lovelace", "description": "Training on many GPUs"},
+    "license_apache": {"license": "Apache-2.0"},
+    "license_bsd": {"license": "BSD-3-Clause"},
+    "license_none": {"license": "none"},
+    "no_tensorboard": {"tensorboard": "no"},
+    "no_slurm": {"slurm": "no"},
+    "default_resnet50": {"default_model": "resnet50"},
+    "default_image_folder": {"default_data": "image_folder"},
 }
 
 
 def bake(tmp_path: Path, extra: dict[str, str]) -> Path:
-    return Path(cookiecutter(str(TEMPLATE), no_input=True, extra_context=extra, output_dir=str(tmp_path)))
+    context = {"git_init": "no", **extra}
+    return Path(cookiecutter(str(TEMPLATE), no_input=True, extra_context=context, output_dir=str(tmp_path)))
 
 
 def files_of(project: Path) -> set[str]:
     return {
         str(path.relative_to(project))
         for path in project.rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and ".pytest_cache" not in path.parts
+        if path.is_file() and not {"__pycache__", ".pytest_cache", ".git"} & set(path.parts)
     }
 
 
@@ -99,31 +126,46 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
     project = bake(tmp_path, BAKES[name])
     answers = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]
     package = answers["package_name"]
-    assert files_of(project) == {f.replace("PKG", package) for f in EXPECTED_FILES}
-    for path in project.rglob("*"):
-        if path.is_file():
-            text = path.read_text()
-            for marker in ("{{", "{%", "{#"):
-                assert marker not in text, f"{path} keeps {marker}"
+    expected = set(EXPECTED_FILES)
+    for (option, value), removed in REMOVED.items():
+        if answers[option] == value:
+            expected -= removed
+    assert files_of(project) == {f.replace("PKG", package) for f in expected}
+    texts = {path: path.read_text() for path in project.rglob("*") if path.is_file()}
+    for path, text in texts.items():
+        for marker in ("{{", "{%", "{#"):
+            assert marker not in text, f"{path} keeps {marker}"
+    for (option, value), words in TRACES.items():
+        if answers[option] == value:
+            for path, text in texts.items():
+                for word in words:
+                    assert word not in text or path.name == ".cookiecutter.json", f"{path} mentions {word}"
     for key, value in BAKES[name].items():
         assert answers[key] == value
     assert project.name == answers["project_slug"]
     assert os.access(project / "scripts" / "run_single.sh", os.X_OK)
-    assert f'requires-python = ">={answers["python_version"]}"' in (project / "pyproject.toml").read_text()
+    pyproject = (project / "pyproject.toml").read_text()
+    assert f'requires-python = ">={answers["python_version"]}"' in pyproject
+    train_yaml = (project / "configs" / "train.yaml").read_text()
+    assert f"model: {answers['default_model']}" in train_yaml and f"data: {answers['default_data']}" in train_yaml
+    if answers["license"] != "none":
+        assert f'license = {{ text = "{answers["license"]}" }}' in pyproject
+        assert answers["author"] in (project / "LICENSE").read_text()
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_gitignore_keeps_out_run_dirs_but_no_generated_file(tmp_path: Path) -> None:
-    project = bake(tmp_path, {})
-    generated = files_of(project)
+def test_git_init_commits_every_generated_file_and_ignores_runs(tmp_path: Path) -> None:
+    project = bake(tmp_path, {"git_init": "yes"})
+    log = subprocess.run(["git", "log", "--oneline"], cwd=project, capture_output=True, text=True, check=True)
+    assert len(log.stdout.splitlines()) == 1
+    tracked = subprocess.run(["git", "ls-files"], cwd=project, capture_output=True, text=True, check=True)
+    assert set(tracked.stdout.split()) == files_of(project)
     (project / "outputs" / "run").mkdir(parents=True)
     (project / "outputs" / "run" / "metrics.jsonl").write_text("{}")
     (project / "data" / "cifar10").mkdir(parents=True)
     (project / "data" / "cifar10" / "batch").write_text("x")
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=project, check=True)
-    tracked = subprocess.run(["git", "ls-files"], cwd=project, capture_output=True, text=True, check=True)
-    assert set(tracked.stdout.split()) == generated
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True, check=True)
+    assert status.stdout == "", "run dirs and data must be ignored"
 
 
 def test_names_derive_from_the_project_name(tmp_path: Path) -> None:
@@ -181,8 +223,11 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_project_with_other_names_passes_its_fast_tests(tmp_path: Path) -> None:
-    project = bake(tmp_path, {"project_name": "Team Project", "package_name": "team_trainer"})
+def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_path: Path) -> None:
+    choices = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11",
+               "license": "none", "tensorboard": "no", "slurm": "no", "default_model": "resnet18",
+               "default_data": "cifar10"}  # fmt: skip
+    project = bake(tmp_path, choices)
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"],

@@ -166,7 +166,7 @@ default_nproc() {
 # run_torchrun ARGS...: torchrun in the background, SIGTERM and SIGINT passed on to it. A
 # scheduler's SIGTERM then reaches the workers (which checkpoint and stop) while this script
 # waits, instead of ending the script and orphaning the job. Returns torchrun's status, or 143
-# after a SIGTERM: "stopped with a checkpoint, launch again to continue" (slurm.sbatch requeues).
+# after a SIGTERM: "stopped with a checkpoint, launch again to continue" (a batch job can requeue).
 run_torchrun() {
   local pid status=0 terminated=0
   "$PYTHON" -m torch.distributed.run "$@" &

@@ -18,8 +18,10 @@ from {{cookiecutter.package_name}}.rundir import register_resolvers
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
-# A small job: a couple of seconds per epoch on two CPU processes.
+# A small job: a couple of seconds per epoch on two CPU processes (whatever the project's defaults).
 SMALL = [
+    "model=small_cnn",
+    "data=synthetic",
     "data.train_size=1024",
     "data.val_size=999",
     "data.batch_size=32",

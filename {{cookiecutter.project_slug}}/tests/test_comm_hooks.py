@@ -84,3 +84,16 @@ def test_mpi_is_refused_with_a_hint_where_torch_lacks_it() -> None:
 def test_bad_hook_settings_are_refused(override: str) -> None:
     proc = run(["bash", "scripts/run_single.sh", override], expect_ok=False)
     assert proc.returncode == 2 and override.split("=")[0] in proc.stderr
+
+
+@pytest.mark.slow
+def test_benchmark_gives_one_row_per_hook() -> None:
+    from .conftest import torchrun
+
+    proc = torchrun("benchmarks/comm_hooks.py", 2, "--steps=2", "--warmup=3")
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[-4:]}
+    assert set(rows) == {"none", "fp16", "bf16", "powersgd"}
+    sent = {name: int(values[1]) for name, values in rows.items()}
+    assert sent["fp16"] == sent["bf16"] == sent["none"] // 2
+    assert 0 < sent["powersgd"] < sent["fp16"]
+    assert all(float(values[0]) > 0 for values in rows.values())

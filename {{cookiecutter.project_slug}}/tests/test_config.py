@@ -29,7 +29,11 @@ def test_every_group_option_composes_and_checks(choice: str) -> None:
 
 def test_defaults() -> None:
     config = to_train_config(compose_config())
-    assert (config.model.name, config.data.name, config.optim.name) == ("small_cnn", "synthetic", "sgd")
+    assert (config.model.name, config.data.name, config.optim.name) == (
+        "{{ cookiecutter.default_model }}",
+        "{{ cookiecutter.default_data }}",
+        "sgd",
+    )
     assert config.dist.backend == "auto" and config.checkpoint.resume == "auto"
 
 
@@ -50,7 +54,7 @@ def test_defaults() -> None:
 )
 def test_impossible_values_fail_naming_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as error:
-        to_train_config(compose_config([override]))
+        to_train_config(compose_config(["data=synthetic", override]))
     assert "\n" not in str(error.value)
 
 
@@ -73,13 +77,16 @@ def outputs_snapshot() -> set[Path]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["data.batch_size=0"], "data.batch_size must be > 0"),
-        (["ddp.bucket_cap_mb=0"], "ddp.bucket_cap_mb must be > 0"),
-        (["dist.backend=nccl"], "dist.backend=nccl"),
+        (["data=synthetic", "data.batch_size=0"], "data.batch_size must be > 0"),
+        (["data=synthetic", "ddp.bucket_cap_mb=0"], "ddp.bucket_cap_mb must be > 0"),
+        (["data=synthetic", "dist.backend=nccl"], "dist.backend=nccl"),
         (["FOO=1"], "unknown key FOO"),
         (["NPROC_PER_NODE=two"], "NPROC_PER_NODE=two is not a whole number"),
         (["NPROC_PER_NODE=0"], "NPROC_PER_NODE=0 must be at least 1"),
         (["MAX_RESTARTS=-1"], "MAX_RESTARTS=-1 is not a whole number"),
+        (["model=vgg11"], "Could not find 'model/vgg11'; choose one of: resnet18, resnet50, small_cnn"),
+        (["data.batch_size=abc"], "Value 'abc' of type 'str' could not be converted to Integer"),
+        (["trainer.epoch=3"], "To append to your config use +trainer.epoch=3"),
     ],
 )
 def test_launch_script_rejects_bad_input_before_torchrun(args: list[str], message: str) -> None:
@@ -87,6 +94,7 @@ def test_launch_script_rejects_bad_input_before_torchrun(args: list[str], messag
     proc = run(["bash", "scripts/run_single.sh", *args], expect_ok=False, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1, "one line that says what is wrong and what to do"
     assert "Traceback" not in proc.stderr and "torch.distributed" not in proc.stdout
     assert outputs_snapshot() == before, "a rejected launch must not create a run dir"
 

@@ -86,7 +86,7 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index() -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_batches_do_not_depend_on_the_number_of_workers(workers: int) -> None:
-    config = to_train_config(compose_config(["data.train_size=96", "data.val_size=10", "data.augment=true"]))
+    config = to_train_config(compose_config(["data=synthetic", "data.train_size=96", "data.augment=true"]))
     base, _ = make_datasets(config.data, seed=0)
     sampler = ResumableDistributedSampler(len(base), env(0, 1), 16, seed=0)
     sampler.set_epoch(1)
@@ -103,7 +103,7 @@ def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
 
 
 def test_synthetic_set_is_made_from_the_seed() -> None:
-    config = to_train_config(compose_config(["data.train_size=50", "data.val_size=20"])).data
+    config = to_train_config(compose_config(["data=synthetic", "data.train_size=50", "data.val_size=20"])).data
     (a, _), (b, _), (c, _) = make_datasets(config, 0), make_datasets(config, 0), make_datasets(config, 1)
     assert torch.equal(a.images, b.images) and not torch.equal(a.images, c.images)
     assert len(set(a.labels.tolist())) > 2

@@ -69,6 +69,18 @@ def test_eval_is_identical_at_world_sizes_1_2_3(trained_run) -> None:
     assert f"val_acc={final['val_acc']:.6f}" in line
 
 
+def test_plot_script_draws_the_run(trained_run) -> None:
+    run_dir, _ = trained_run
+    proc = run([PYTHON, "scripts/plot_metrics.py", str(run_dir)])
+    picture = run_dir / "metrics.png"
+    assert proc.stdout.strip() == str(picture)
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 20_000
+    missing = run([PYTHON, "scripts/plot_metrics.py", str(run_dir / "nope")], expect_ok=False)
+    assert (
+        missing.returncode != 0 and missing.stderr.strip().startswith("error: ") and "Traceback" not in missing.stderr
+    )
+
+
 def test_one_run_dir_per_job_without_any_run_dir_given(tmp_path) -> None:
     torchrun("train.py", 2, *SMALL, "trainer.epochs=1", "data.train_size=256", cwd=tmp_path)
     run_dirs = list((tmp_path / "outputs").iterdir())

@@ -184,6 +184,9 @@ class CheckpointConfig:
 @dataclass
 class LogConfig:
     all_ranks_console: bool = MISSING
+{%- if cookiecutter.tensorboard == "yes" %}
+    tensorboard: bool = MISSING
+{%- endif %}
 
 
 @dataclass

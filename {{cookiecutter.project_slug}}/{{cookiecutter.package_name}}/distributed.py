@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import inspect
 import logging
 import os
 from collections.abc import Iterator
@@ -216,6 +217,8 @@ def wrap_ddp(model: nn.Module, config: DDPConfig, env: DistEnv) -> nn.Module:
     """DDP around the model with the ddp.* knobs; the bare model for a world of one."""
     if not is_distributed():
         return model
+    # Newer torch renames broadcast_buffers (same meaning here: sync buffers at every forward).
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
     return DistributedDataParallel(
         model,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -223,5 +226,5 @@ def wrap_ddp(model: nn.Module, config: DDPConfig, env: DistEnv) -> nn.Module:
         gradient_as_bucket_view=config.gradient_as_bucket_view,
         static_graph=config.static_graph,
         find_unused_parameters=config.find_unused_parameters,
-        broadcast_buffers=config.broadcast_buffers,
+        **{"forward_sync_buffers" if renamed else "broadcast_buffers": config.broadcast_buffers},
     )

@@ -58,6 +58,29 @@ def prepare(argv: list[str]) -> None:
     accept_legacy_local_rank(argv)
     register_configs()
     register_resolvers()
+    if os.environ.get(CHECK_ONLY_ENV):
+        check_composition(Path(argv[0]).resolve().parent / "configs", [a for a in argv[1:] if "hydra." not in a])
+
+
+def check_composition(config_dir: Path, overrides: list[str]) -> None:
+    """Compose the config as Hydra will; a mistake becomes one line saying what to change."""
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            compose(config_name="train", overrides=overrides)
+    except Exception as error:  # Hydra's and OmegaConf's errors: several lines, made into one
+        text = f"{error}\n{error.__cause__ or ''}"
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        detail = lines[0].removeprefix("In 'train': ")
+        if any(line.startswith("Available options") for line in lines):
+            listed = lines[next(i for i, line in enumerate(lines) if line.startswith("Available options")) + 1 :]
+            choices = [line for line in listed if line.isidentifier() and not line.startswith("base_")]
+            detail += f"; choose one of: {', '.join(choices)}"
+        else:
+            noise = ("full_key", "object_type", "reference_type", "Set the environment")
+            detail += "".join(f": {line}" for line in lines[1:2] if not line.startswith(noise))
+        fail(f"{detail} (fix that override and launch again)")
 
 
 def fail(message: str) -> NoReturn:

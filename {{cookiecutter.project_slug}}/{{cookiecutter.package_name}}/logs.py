@@ -59,17 +59,27 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
 
 
 class MetricsLog:
-    """Appends one JSON object per line to `<run dir>/metrics.jsonl`; a no-op off rank 0."""
+    """Appends one JSON object per line to `<run dir>/metrics.jsonl`; a no-op off rank 0.
+
+    `sinks` receive the same records (objects with `write(kind, values)` and `close()`).
+    """
 
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
         self.enabled = enabled
+        self.sinks: list[Any] = []
 
     def write(self, kind: str, **values: Any) -> None:
         if not self.enabled:
             return
         with open(self.path, "a", encoding="utf-8") as file:
             file.write(json.dumps({"kind": kind, **values}) + "\n")
+        for sink in self.sinks:
+            sink.write(kind, values)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
     def drop_after(self, step: int) -> None:
         """Forget records past `step`: a resumed run redoes those steps and logs them again."""

@@ -22,6 +22,9 @@ from .logs import MetricsLog, use_progress_bar
 from .models import build_model, count_parameters
 from .optim import build_optimizer, lr_at, set_lr
 from .preemption import Preempted, StopOnSigterm
+{%- if cookiecutter.tensorboard == "yes" %}
+from .tensorboard_log import TensorBoardLog
+{%- endif %}
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,7 @@ class Trainer:
         self.optimizer.step()
         return loss.detach()
 
-    def log_interval(self, interval: Interval) -> None:
+    def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
         loss_sum = all_reduce_sum(interval.loss_sum.clone())
         elapsed = time.perf_counter() - interval.started
         train_loss = loss_sum.item() / (self.env.world_size * interval.steps)
@@ -114,6 +117,10 @@ class Trainer:
             values["lr"],
             values["samples_per_s"],
         )
+        if progress_bar is not None:
+            progress_bar.set_postfix(
+                step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
+            )
         interval.reset()
 
     def train_epoch(self, stop: StopOnSigterm) -> None:
@@ -123,10 +130,11 @@ class Trainer:
         sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
         interval = Interval(torch.zeros((), device=self.env.device))
         batches: Any = self.data.train_loader
+        bar = None
         if use_progress_bar(self.env):
             from tqdm import tqdm
 
-            batches = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {epoch}", leave=False)
+            batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {epoch}", leave=False)
         every_n = config.checkpoint.every_n_steps
         for images, labels, weights, indices in batches:
             real_samples = sampler.real_samples_in_step(state.samples_in_epoch)
@@ -140,7 +148,7 @@ class Trainer:
             interval.steps += 1
             interval.samples += real_samples
             if state.step % config.trainer.log_every_n_steps == 0:
-                self.log_interval(interval)
+                self.log_interval(interval, bar)
             if every_n and state.step % every_n == 0 and state.samples_in_epoch < dataset_size:
                 self.save()
             if stop.should_stop():
@@ -148,7 +156,7 @@ class Trainer:
                 self.checkpoints.wait()
                 raise Preempted(f"stopped by SIGTERM after step {state.step}; checkpoint saved")
         if interval.steps:
-            self.log_interval(interval)
+            self.log_interval(interval, bar)
 
     def validate(self) -> EvalResult:
         sync_buffers_from_rank_zero(self.model)
@@ -166,6 +174,7 @@ class Trainer:
             stop.close()
         finally:
             self.checkpoints.wait()  # the end of the job waits for the last write
+            self.metrics.close()
         if result is None:
             log.info("training had already finished at step %d; evaluating", self.state.step)
             result = self.validate()
@@ -234,6 +243,10 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         checkpoints.last_saved_step = state.step
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=env.is_main)
     metrics.drop_after(state.step)
+{%- if cookiecutter.tensorboard == "yes" %}
+    if config.log.tensorboard and env.is_main:
+        metrics.sinks.append(TensorBoardLog(run_dir / "tb", purge_step=state.step + 1))
+{%- endif %}
     samples = MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", enabled=config.trainer.record_samples)
     log.info(
         "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",

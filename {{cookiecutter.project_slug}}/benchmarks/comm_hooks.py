@@ -1,0 +1,91 @@
+"""One row per gradient-compression hook: images/s and bytes all-reduced per step, side by side.
+
+    torchrun --standalone --nproc-per-node=2 benchmarks/comm_hooks.py [--model small_cnn] [--steps 30]
+
+Every hook trains the same model on the same fixed batch in this one run, with the project's
+own DDP wrapping and hook registration, so the rows compare with each other (not across runs).
+Bytes are what each rank hands to all-reduce per optimizer step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from {{cookiecutter.package_name}}.comm_hooks import PowerSGDHook, register_comm_hook  # noqa: E402
+from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, ModelConfig, SmallCNNConfig  # noqa: E402
+from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
+from {{cookiecutter.package_name}}.models import build_model  # noqa: E402
+
+BASE = DDPConfig(
+    bucket_cap_mb=25, gradient_as_bucket_view=True, static_graph=False, find_unused_parameters=False,
+    broadcast_buffers=True, sync_batchnorm=False, comm_hook="none", powersgd_rank=1, powersgd_start_iter=2,
+)  # fmt: skip
+BYTES_PER_ELEMENT = {"none": 4, "fp16": 2, "bf16": 2}
+
+
+def bytes_per_step(hook_name: str, hook: object, model: torch.nn.Module, numel_before: int, steps: int) -> float:
+    if isinstance(hook, PowerSGDHook):  # PowerSGD counts what it sends, compressed or not
+        return 4 * (hook.state.total_numel_after_compression - numel_before) / steps
+    return BYTES_PER_ELEMENT[hook_name] * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def measure(hook_name: str, args: argparse.Namespace, env) -> tuple[float, float]:
+    torch.manual_seed(0)
+    config = SmallCNNConfig(name="small_cnn", width=32) if args.model == "small_cnn" else ModelConfig(name=args.model)
+    model = build_model(config, 10).to(env.device)
+    ddp_model = wrap_ddp(model, replace(BASE, comm_hook=hook_name), env)
+    hook = register_comm_hook(ddp_model, replace(BASE, comm_hook=hook_name), None, env)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    images = torch.randn(args.batch, 3, 32, 32, device=env.device)
+    labels = torch.randint(0, 10, (args.batch,), device=env.device)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(ddp_model(images), labels).backward()
+        optimizer.step()
+
+    for _ in range(args.warmup):  # also past PowerSGD's plain steps
+        step()
+    numel_before = hook.state.total_numel_after_compression if isinstance(hook, PowerSGDHook) else 0
+    torch.distributed.barrier()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    if env.device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    images_per_s = args.steps * args.batch * env.world_size / elapsed
+    return images_per_s, bytes_per_step(hook_name, hook, model, numel_before, args.steps)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="small_cnn", choices=["small_cnn", "resnet18", "resnet50"])
+    parser.add_argument("--batch", type=int, default=32, help="per process")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    with distributed(DistConfig(backend="auto", timeout_s=600)) as env:
+        if env.world_size < 2:
+            print("error: run under torchrun with at least 2 processes: hooks act on DDP's all-reduce", file=sys.stderr)
+            return 2
+        rows = [(name, *measure(name, args, env)) for name in ("none", "fp16", "bf16", "powersgd")]
+        if env.is_main:
+            print(f"model {args.model}, {env.world_size} processes, batch {args.batch}/process, {env.backend}")
+            print(f"{'comm_hook':<10} {'images/s':>10} {'bytes all-reduced/step':>24} {'vs none':>8}")
+            for name, images_per_s, sent in rows:
+                print(f"{name:<10} {images_per_s:>10.0f} {sent:>24.0f} {sent / rows[0][2]:>8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
