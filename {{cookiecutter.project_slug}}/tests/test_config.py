@@ -87,6 +87,8 @@ def outputs_snapshot() -> set[Path]:
         (["model=vgg11"], "Could not find 'model/vgg11'; choose one of: resnet18, resnet50, small_cnn"),
         (["data.batch_size=abc"], "Value 'abc' of type 'str' could not be converted to Integer"),
         (["trainer.epoch=3"], "To append to your config use +trainer.epoch=3"),
+        (["data=cifar10", "data.root=/nonexistent"], "CIFAR-10 not found: /nonexistent/cifar-10-batches-py lacks"),
+        (["data=image_folder", "data.root=/nonexistent"], "image_folder: /nonexistent/train does not exist"),
     ],
 )
 def test_launch_script_rejects_bad_input_before_torchrun(args: list[str], message: str) -> None:

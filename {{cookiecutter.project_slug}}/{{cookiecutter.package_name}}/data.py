@@ -102,20 +102,33 @@ def read_cifar_batches(folder: Path, names: Sequence[str]) -> TensorImages:
     return TensorImages(torch.cat(images), torch.cat(labels))
 
 
+def check_data_available(config: DataConfig) -> None:
+    """Refuse, before any work, a data set whose files are not where the config says."""
+    if isinstance(config, Cifar10DataConfig):
+        folder = Path(config.root) / CIFAR_DIR
+        missing = [name for name in CIFAR_TRAIN_FILES + CIFAR_TEST_FILES if not (folder / name).is_file()]
+        if missing and not config.download:
+            raise ConfigError(
+                f"CIFAR-10 not found: {folder} lacks {', '.join(missing)}; put the python-version files "
+                f"there or set data.download=true"
+            )
+        require_image_size(config, 32)
+    if isinstance(config, ImageFolderDataConfig):
+        for split in ("train", "val"):
+            if not (Path(config.root) / split).is_dir():
+                raise ConfigError(
+                    f"image_folder: {Path(config.root) / split} does not exist; "
+                    "set data.root to a folder with train/ and val/"
+                )
+
+
 def make_cifar10(config: Cifar10DataConfig) -> tuple[TensorImages, TensorImages]:
     folder = Path(config.root) / CIFAR_DIR
-    missing = [name for name in CIFAR_TRAIN_FILES + CIFAR_TEST_FILES if not (folder / name).is_file()]
-    if missing and config.download:
+    check_data_available(config)
+    if config.download and not all((folder / name).is_file() for name in CIFAR_TRAIN_FILES + CIFAR_TEST_FILES):
         from torchvision.datasets import CIFAR10
 
         CIFAR10(config.root, train=True, download=True)
-        missing = []
-    if missing:
-        raise ConfigError(
-            f"CIFAR-10 not found: {folder} lacks {', '.join(missing)}; put the python-version files "
-            f"there or set data.download=true"
-        )
-    require_image_size(config, 32)
     return read_cifar_batches(folder, CIFAR_TRAIN_FILES), read_cifar_batches(folder, CIFAR_TEST_FILES)
 
 
@@ -127,18 +140,13 @@ def require_image_size(config: DataConfig, size: int) -> None:
 def make_image_folder(config: ImageFolderDataConfig) -> tuple[Dataset, Dataset]:
     from torchvision import datasets, transforms
 
-    root = Path(config.root)
+    check_data_available(config)
     transform = transforms.Compose(
         [transforms.Resize((config.image_size, config.image_size)), transforms.PILToTensor(), normalise]
     )
-    splits = []
-    for split in ("train", "val"):
-        if not (root / split).is_dir():
-            raise ConfigError(
-                f"image_folder: {root / split} does not exist; set data.root to a folder with train/ and val/"
-            )
-        splits.append(datasets.ImageFolder(str(root / split), transform=transform))
-    train, val = splits
+    train, val = (
+        datasets.ImageFolder(str(Path(config.root) / split), transform=transform) for split in ("train", "val")
+    )
     if train.classes != val.classes or len(train.classes) != config.num_classes:
         raise ConfigError(
             f"image_folder: train/ has {len(train.classes)} classes, val/ has {len(val.classes)}, "

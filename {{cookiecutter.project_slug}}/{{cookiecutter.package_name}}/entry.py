@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from .checkpoint import Checkpointer, find_compatible_checkpoint, load_checkpoint, restore
 from .config import ConfigError, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
-from .data import build_data
+from .data import build_data, check_data_available
 from .distributed import distributed, process_env
 from .evaluate import evaluate
 from .logs import setup_logging
@@ -109,6 +109,7 @@ def run_train(cfg: DictConfig) -> None:
             process_env(
                 config.dist, int(gpus) if gpus else None
             )  # also refuse a run dir whose checkpoints hold another model
+            check_data_available(config.data)
             checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=False)
             checkpoints.refuse_to_overwrite()
             find_compatible_checkpoint(checkpoints, to_plain_dict(config))
