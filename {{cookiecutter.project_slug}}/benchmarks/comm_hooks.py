@@ -10,6 +10,7 @@ Bytes are what each rank hands to all-reduce per optimizer step.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from dataclasses import replace
@@ -79,6 +80,10 @@ def main() -> int:
             print("error: run under torchrun with at least 2 processes: hooks act on DDP's all-reduce", file=sys.stderr)
             return 2
         rows = [(name, *measure(name, args, env)) for name in ("none", "fp16", "bf16", "powersgd")]
+        # Free the four DDP models (reference cycles) while the process group still exists:
+        # a reducer destroyed after it can abort the process at exit.
+        gc.collect()
+        torch.distributed.barrier()
         if env.is_main:
             print(f"model {args.model}, {env.world_size} processes, batch {args.batch}/process, {env.backend}")
             print(f"{'comm_hook':<10} {'images/s':>10} {'bytes all-reduced/step':>24} {'vs none':>8}")

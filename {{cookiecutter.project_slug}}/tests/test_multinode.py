@@ -100,7 +100,7 @@ def test_node_zero_refuses_a_taken_port() -> None:
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=0", f"MASTER_PORT={port}"], expect_ok=False)
+        proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=0", f"MASTER_PORT={port}", *SMALL], expect_ok=False)
     assert proc.returncode == 2
     assert f"MASTER_PORT={port} is already in use on this machine" in proc.stderr
 
@@ -109,7 +109,7 @@ def test_other_nodes_wait_for_the_master_then_give_a_hint() -> None:
     port = free_port()
     started = time.monotonic()
     proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=1", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={port}",
-                "WAIT_FOR_MASTER_S=2"], expect_ok=False)  # fmt: skip
+                "WAIT_FOR_MASTER_S=2", *SMALL], expect_ok=False)  # fmt: skip
     assert proc.returncode == 2
     assert f"node 0 is not reachable at 127.0.0.1:{port} after 2 s" in proc.stderr
     assert f"nc -zv 127.0.0.1 {port}" in proc.stderr
