@@ -18,7 +18,8 @@ def assert_report(output: str, world_size: int) -> None:
         assert re.search(rf"^{check}\s+PASS", output, re.MULTILINE), output
     rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", output, re.MULTILINE)
     assert [int(size) for size, *_ in rows] == [2**k for k in range(10, 27, 2)]
-    assert all(float(busbw) > 0 for *_, busbw in rows)
+    # A 1 KiB all-reduce over gloo can print as 0.000 GB/s; the large sizes must show a real figure.
+    assert all(float(busbw) >= 0 for *_, busbw in rows) and float(rows[-1][3]) > 0
     assert re.search(r"^overall\s+PASS$", output, re.MULTILINE)
     assert len(re.findall(r"^\s+\d+\s+\S+\s+\d+\s+cpu\s+gloo$", output, re.MULTILINE)) == world_size
 
