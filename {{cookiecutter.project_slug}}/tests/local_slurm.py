@@ -91,6 +91,8 @@ def _write_conf(workdir: pathlib.Path, host: str) -> pathlib.Path:
     memory = min(1024, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 2)
     conf = workdir / "slurm.conf"
     # CR_CPU: jobs share the node by CPU and are not given all its memory, so small jobs run side by side.
+    # cred_expire: a requeued job waits this long before it may start again (default 120 s; sooner, and the node
+    # refuses it, "Job credential revoked"); the scheduler intervals (default 60 s and 30 s) then start it at once.
     conf.write_text(
         f"""\
 ClusterName=localtest
@@ -112,6 +114,8 @@ ReturnToService=2
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MailProg=/bin/true
+AuthInfo=cred_expire=10
+SchedulerParameters=sched_interval=2,bf_interval=2
 NodeName={host} NodeAddr=127.0.0.1 CPUs={len(os.sched_getaffinity(0))} RealMemory={memory} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
