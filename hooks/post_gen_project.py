@@ -37,7 +37,8 @@ def main() -> None:
         subprocess.run(["git", "init", "-q"], check=True)
         subprocess.run(["git", "add", "-A"], check=True)
         subprocess.run(["git", *identity, "commit", "-q", "-m", "Project from the DDP training template"], check=True)
-    print("Project ready. Next: cd {{ cookiecutter.project_slug }} && pip install -e '.[dev]' && bash scripts/run_single.sh")
+    next_steps = "pip install -e '.[dev]' && bash scripts/run_single.sh"
+    print(f"Project ready. Next: cd {{ cookiecutter.project_slug }} && {next_steps}")
 
 
 if __name__ == "__main__":

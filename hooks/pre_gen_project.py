@@ -15,8 +15,25 @@ VALUES = {
 
 # What the generated project imports or holds at its top level, beside the standard library.
 TAKEN = {
-    "torch", "torchvision", "hydra", "omegaconf", "tqdm", "numpy", "PIL", "yaml", "cookiecutter",
-    "pytest", "setuptools", "test", "tests", "configs", "scripts", "outputs", "train", "eval", "data",
+    "torch",
+    "torchvision",
+    "hydra",
+    "omegaconf",
+    "tqdm",
+    "numpy",
+    "PIL",
+    "yaml",
+    "cookiecutter",
+    "pytest",
+    "setuptools",
+    "test",
+    "tests",
+    "configs",
+    "scripts",
+    "outputs",
+    "train",
+    "eval",
+    "data",
 }
 
 

@@ -43,6 +43,7 @@ EXPECTED_FILES = {
     "scripts/run_multi.sh",
     "scripts/run_single.sh",
     "scripts/slurm.sbatch",
+    "scripts/bench.py",
     "PKG/__init__.py",
     "PKG/checkpoint.py",
     "PKG/comm_check.py",
@@ -57,6 +58,7 @@ EXPECTED_FILES = {
     "PKG/optim.py",
     "PKG/preemption.py",
     "PKG/rundir.py",
+    "PKG/step.py",
     "PKG/tensorboard_log.py",
     "PKG/trainer.py",
     "tests/__init__.py",
@@ -72,6 +74,8 @@ EXPECTED_FILES = {
     "tests/test_slurm.py",
     "tests/test_tensorboard.py",
     "tests/test_training.py",
+    "tests/test_step.py",
+    "tests/accumulation_probe.py",
 }
 
 # What each non-default choice removes from the generated project.
@@ -204,7 +208,8 @@ def test_hook_rejects_bad_names_and_generates_nothing(tmp_path: Path, extra, mes
 def test_hook_message_is_one_line_from_the_command_line(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), str(TEMPLATE), "package_name=torch"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode != 0
     assert "error: package_name='torch' would shadow a module the project imports" in proc.stderr
@@ -216,8 +221,13 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
     project = bake(tmp_path, {})
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project,
-                           capture_output=True, text=True, env=python_env())
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=python_env(),
+    )
     assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
     assert " passed" in tests.stdout and " failed" not in tests.stdout
 
@@ -230,6 +240,12 @@ def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_pa
     project = bake(tmp_path, choices)
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"],
-                           cwd=project, capture_output=True, text=True, env=python_env())
+    # The fast tests, less those that run the launch scripts: the same scripts the defaults bake tests.
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-k", "not launch_script", "-p", "no:cacheprovider"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=python_env(),
+    )
     assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]

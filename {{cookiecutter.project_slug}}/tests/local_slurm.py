@@ -114,7 +114,7 @@ ReturnToService=2
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MailProg=/bin/true
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 SchedulerParameters=sched_interval=2,bf_interval=2
 NodeName={host} NodeAddr=127.0.0.1 CPUs={len(os.sched_getaffinity(0))} RealMemory={memory} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP

@@ -13,11 +13,11 @@ from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, w
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
-def test_each_hook_trains_two_processes(hook: str, tmp_path) -> None:
+def test_powersgd_trains_two_processes(tmp_path) -> None:
+    # fp16 and bf16 go through the same registration: test_benchmark_gives_one_row_per_hook trains with them.
     proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL,
-                f"ddp.comm_hook={hook}", "ddp.powersgd_start_iter=4"])  # fmt: skip
-    assert f"DDP communication hook: {hook}" in proc.stderr
+                "ddp.comm_hook=powersgd", "ddp.powersgd_start_iter=4"])  # fmt: skip
+    assert "DDP communication hook: powersgd" in proc.stderr
     records = read_metrics(tmp_path)
     losses = [r["train_loss"] for r in records if r["kind"] == "train"]
     assert losses[-1] < 0.7 * losses[0], losses

@@ -50,6 +50,9 @@ def test_defaults() -> None:
         ("dist.timeout_s=0", "dist.timeout_s"),
         ("data.train_size=0", "data.train_size"),
         ("checkpoint.keep_last=0", "checkpoint.keep_last"),
+        ("trainer.precision=fp8", "trainer.precision"),
+        ("trainer.grad_accum_steps=0", "trainer.grad_accum_steps"),
+        ("trainer.clip_grad_norm=-1", "trainer.clip_grad_norm"),
     ],
 )
 def test_impossible_values_fail_naming_the_key(override: str, key: str) -> None:

@@ -36,6 +36,7 @@ MODEL_NAMES = ("small_cnn", "resnet18", "resnet50")
 DATA_NAMES = ("synthetic", "image_folder", "cifar10")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -132,10 +133,21 @@ class TrainerConfig:
     epochs: int = MISSING
     log_every_n_steps: int = MISSING
     record_samples: bool = MISSING  # logs/samples_rank_<R>.jsonl: the sample indices of every step
+    precision: str = MISSING  # fp32 | bf16 (autocast) | fp16 (autocast and a GradScaler)
+    channels_last: bool = MISSING
+    compile: bool = MISSING  # torch.compile of the model, before the DDP wrap
+    grad_accum_steps: int = MISSING  # micro-batches per optimizer step, all-reduced once
+    clip_grad_norm: float = MISSING  # 0: no clipping
 
     def check(self) -> None:
         require_positive("trainer.epochs", self.epochs)
         require_positive("trainer.log_every_n_steps", self.log_every_n_steps)
+        require_choice("trainer.precision", self.precision, PRECISIONS)
+        require_positive("trainer.grad_accum_steps", self.grad_accum_steps)
+        require(
+            self.clip_grad_norm >= 0,
+            f"trainer.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}",
+        )
 
 
 @dataclass

@@ -219,9 +219,9 @@ class ResumableDistributedSampler(DistributedSampler):
     def steps_left(self) -> int:
         return math.ceil((self.dataset_size - self.start) / self.global_batch_size)
 
-    def real_samples_in_step(self, samples_done: int) -> int:
-        """How many real (non-padding) samples the global batch starting at `samples_done` holds."""
-        return min(self.global_batch_size, self.dataset_size - samples_done)
+    def real_samples_in_step(self, samples_done: int, global_batches: int = 1) -> int:
+        """How many real (non-padding) samples the next `global_batches` global batches hold."""
+        return min(global_batches * self.global_batch_size, self.dataset_size - samples_done)
 
     def rank_slice(self, chunk_size: int) -> tuple[int, int]:
         """(offset, length) of this rank's share of a global batch of chunk_size samples."""

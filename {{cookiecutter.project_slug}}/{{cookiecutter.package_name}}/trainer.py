@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import Checkpointer, TrainState, agree_on_checkpoint, check_same_model, restore
@@ -22,6 +21,7 @@ from .logs import MetricsLog, use_progress_bar
 from .models import build_model, count_parameters
 from .optim import build_optimizer, lr_at, set_lr
 from .preemption import Preempted, StopOnSigterm
+from .step import StepRunner
 {%- if cookiecutter.tensorboard == "yes" %}
 from .tensorboard_log import TensorBoardLog
 {%- endif %}
@@ -58,6 +58,7 @@ class Trainer:
     state: TrainState
     plain_config: dict[str, Any]  # the config as a checkpoint stores it
     comm_hook: Any  # the PowerSGD hook, whose memory is checkpointed; None for the others
+    step: StepRunner
 
     def components(self) -> dict[str, Any]:
         """Everything a checkpoint holds besides the TrainState counters."""
@@ -65,6 +66,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": {"lr": self.optimizer.param_groups[0]["lr"]},  # the LR is a function of progress
+            "grad_scaler": self.step.state_dict(),  # fp16's loss scale; empty otherwise
             "world_size": self.env.world_size,
             "config": self.plain_config,
         }
@@ -79,23 +81,6 @@ class Trainer:
             log.info(
                 "checkpoint of step %d: training held %.1f ms, writing in the background", self.state.step, held_ms
             )
-
-    def train_step(
-        self, images: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, real_samples: int
-    ) -> torch.Tensor:
-        device = self.env.device
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        weights = weights.to(device, non_blocking=True)
-        per_sample = F.cross_entropy(self.ddp_model(images), labels, reduction="none")
-        # DDP averages gradients over ranks; scaling by world_size / real_samples makes that
-        # average the mean over exactly the real samples of the global batch, also when the
-        # last batch is short or uneven, so padding (weight 0) contributes nothing.
-        loss = (per_sample * weights).sum() * (self.env.world_size / real_samples)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        return loss.detach()
 
     def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
         loss_sum = all_reduce_sum(interval.loss_sum.clone())
@@ -135,16 +120,25 @@ class Trainer:
             from tqdm import tqdm
 
             batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {epoch}", leave=False)
-        every_n = config.checkpoint.every_n_steps
+        every_n, accum = config.checkpoint.every_n_steps, config.trainer.grad_accum_steps
+        micro_left, micro, group = sampler.steps_left(), 0, 0  # micro-batches: left, done in this step, in it
         for images, labels, weights, indices in batches:
-            real_samples = sampler.real_samples_in_step(state.samples_in_epoch)
-            progress = epoch + (state.samples_in_epoch + real_samples) / dataset_size
-            set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
-            interval.loss_sum += self.train_step(images, labels, weights, real_samples)
+            if micro == 0:  # a new optimizer step: accum micro-batches, fewer at the epoch's end
+                group = min(accum, micro_left)
+                real_samples = sampler.real_samples_in_step(state.samples_in_epoch, group)
+                progress = epoch + (state.samples_in_epoch + real_samples) / dataset_size
+                set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
+            micro, micro_left = micro + 1, micro_left - 1
+            self.step.micro_step(images, labels, weights, real_samples, sync=micro == group)
+            if self.samples.enabled:
+                indices = indices[weights > 0].tolist()
+                self.samples.write("samples", step=state.step + 1, epoch=epoch, indices=indices)
+            if micro < group:
+                continue
+            micro = 0
+            interval.loss_sum += self.step.optimizer_step()
             state.step += 1
             state.samples_in_epoch += real_samples
-            if self.samples.enabled:
-                self.samples.write("samples", step=state.step, epoch=epoch, indices=indices[weights > 0].tolist())
             interval.steps += 1
             interval.samples += real_samples
             if state.step % config.trainer.log_every_n_steps == 0:
@@ -218,7 +212,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     model = build_model(config.model, config.data.num_classes)
     if config.ddp.sync_batchnorm and env.world_size > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model.to(env.device)
+    model.to(env.device, memory_format=torch.channels_last if config.trainer.channels_last else torch.preserve_format)
     optimizer = build_optimizer(config.optim, model)
     checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
     plain_config = to_plain_dict(config)
@@ -257,9 +251,13 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         env.world_size,
         config.data.batch_size,
     )
-    ddp_model = wrap_ddp(model, config.ddp, env)
+    # The compiled module shares the model's parameters; checkpoints keep the plain model's names.
+    ddp_model = wrap_ddp(torch.compile(model) if config.trainer.compile else model, config.ddp, env)
     hook_state = register_comm_hook(ddp_model, config.ddp, found[1].get("comm_hook") if found else None, env)
+    step = StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size)
+    if found is not None:
+        step.load_state_dict(found[1].get("grad_scaler", {}))
     return Trainer(
         config, env, run_dir, model, ddp_model, optimizer, data, checkpoints, metrics, samples, state, plain_config,
-        hook_state,
+        hook_state, step,
     )  # fmt: skip

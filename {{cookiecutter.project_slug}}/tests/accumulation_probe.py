@@ -1,0 +1,69 @@
+"""Run by tests/test_step.py under torchrun: one optimizer step of accumulated micro-batches
+against one step of the whole batch, through the project's StepRunner and DDP wrapping.
+
+Prints one JSON line (rank 0): the largest gradient difference and the all-reduces each made.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, TrainerConfig  # noqa: E402
+from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
+from {{cookiecutter.package_name}}.step import StepRunner  # noqa: E402
+
+DDP = DDPConfig(
+    bucket_cap_mb=25, gradient_as_bucket_view=True, static_graph=False, find_unused_parameters=False,
+    broadcast_buffers=True, sync_batchnorm=False, comm_hook="none", powersgd_rank=1, powersgd_start_iter=2,
+)  # fmt: skip
+
+
+def one_step(accum: int, images: torch.Tensor, labels: torch.Tensor, env) -> tuple[list[torch.Tensor], int]:
+    """Gradients after the step's backwards (before the optimizer), and how many all-reduces ran."""
+    torch.manual_seed(0)  # the same initial weights for both
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 4))
+    ddp_model = wrap_ddp(model, DDP, env)
+    calls = []
+
+    def counting_allreduce(state, bucket):
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp_model.register_comm_hook(None, counting_allreduce)
+    config = TrainerConfig(
+        epochs=1, log_every_n_steps=1, record_samples=False, precision="fp32", channels_last=False,
+        compile=False, grad_accum_steps=accum, clip_grad_norm=0.0,
+    )  # fmt: skip
+    runner = StepRunner(ddp_model, torch.optim.SGD(model.parameters(), lr=0.1), config, env.device, env.world_size)
+    weights = torch.ones(len(labels))
+    real_samples = len(labels) * env.world_size
+    micro_batches = zip(images.chunk(accum), labels.chunk(accum), weights.chunk(accum), strict=True)
+    for i, (x, y, w) in enumerate(micro_batches):
+        runner.micro_step(x, y, w, real_samples, sync=i == accum - 1)
+    return [p.grad.clone() for p in model.parameters()], len(calls)
+
+
+def main() -> int:
+    accum = int(sys.argv[1])
+    with distributed(DistConfig(backend="gloo", timeout_s=120)) as env:
+        generator = torch.Generator().manual_seed(100 + env.rank)  # each rank its own batch
+        images, labels = torch.randn(32, 3, 8, 8, generator=generator), torch.randint(0, 4, (32,), generator=generator)
+        big, big_calls = one_step(1, images, labels, env)
+        small, small_calls = one_step(accum, images, labels, env)
+        difference = max((a - b).abs().max().item() for a, b in zip(big, small, strict=True))
+        scale = max(a.abs().max().item() for a in big)
+        if env.is_main:
+            print(json.dumps({"difference": difference, "scale": scale, "calls": [big_calls, small_calls]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

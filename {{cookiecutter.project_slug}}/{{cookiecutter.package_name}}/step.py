@@ -1,0 +1,83 @@
+"""One optimizer step: mixed precision, channels_last, gradient accumulation and clipping.
+
+A step runs `grad_accum_steps` micro-batches. Every backward but the last runs under DDP's
+`no_sync()`, so gradients are all-reduced once per optimizer step, over the sum of all the
+micro-batches' gradients: the gradient of one big batch, at the memory cost of a small one.
+Nothing here reads a value back to the host: the loss stays on the device until the log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import TrainerConfig
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class StepRunner:
+    """Forward and backward of micro-batches, then the optimizer step, as the trainer config says."""
+
+    def __init__(
+        self,
+        ddp_model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: TrainerConfig,
+        device: torch.device,
+        world_size: int,
+    ) -> None:
+        self.ddp_model, self.optimizer, self.device, self.world_size = ddp_model, optimizer, device, world_size
+        self.dtype = AUTOCAST_DTYPES[config.precision]
+        self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+        self.clip_grad_norm = config.clip_grad_norm
+        # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+        self.loss_sum = torch.zeros((), device=device)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def micro_step(
+        self, images: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, real_samples: int, sync: bool
+    ) -> None:
+        """Forward and backward of one micro-batch; `sync` on the last one of the step only."""
+        images = images.to(self.device, non_blocking=True, memory_format=self.memory_format)
+        labels = labels.to(self.device, non_blocking=True)
+        weights = weights.to(self.device, non_blocking=True)
+        no_sync = getattr(self.ddp_model, "no_sync", None)  # a world of one has no DDP wrapper
+        with no_sync() if no_sync is not None and not sync else contextlib.nullcontext():
+            with self.autocast():
+                logits = self.ddp_model(images)
+            per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
+            # DDP averages gradients over ranks; scaling by world_size / real_samples makes that
+            # average the mean over exactly the real samples of the step's global batch (all its
+            # micro-batches), also when the last one is short or uneven: padding (weight 0) adds nothing.
+            loss = (per_sample * weights).sum() * (self.world_size / real_samples)
+            self.scaler.scale(loss).backward()
+        self.loss_sum += loss.detach()
+
+    def optimizer_step(self) -> torch.Tensor:
+        """Clip, step, clear the gradients; return the step's loss (on the device)."""
+        if self.clip_grad_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, self.loss_sum = self.loss_sum, torch.zeros((), device=self.device)
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict() if self.scaler.is_enabled() else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state)
