@@ -1,7 +1,7 @@
 """Training speed of the project's own loop against a bare DDP loop (and Lightning), side by side.
 
     torchrun --standalone --nproc-per-node=<N> scripts/bench.py [--model resnet18] [--batch 256]
-        [--precision bf16] [--channels-last] [--compile] [--steps 50] [--rounds 3] [--workers 8]
+        [--precision bf16] [--channels-last] [--compile] [--on-device] [--steps 50] [--rounds 3] [--workers 8]
     torchrun --standalone --nproc-per-node=2 scripts/bench.py --smoke     # seconds, on CPU: the tests
 
 In one run, alternating round by round on the same model, batch and synthetic data:
@@ -47,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--on-device", action="store_true", help="the project's data.on_device=true (no workers)")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per round")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each loop, alternating")
     parser.add_argument("--workers", type=int, help="DataLoader workers per process (default: configs/data/)")
@@ -67,7 +68,7 @@ def compose(args: argparse.Namespace, world_size: int, run_dir: Path):
     overrides = [
         f"model={args.model}", "data=synthetic", f"data.batch_size={args.batch}",
         f"data.train_size={args.batch * world_size * args.steps}", f"data.val_size={world_size}",
-        f"data.image_size={args.image_size}",
+        f"data.image_size={args.image_size}", f"data.on_device={args.on_device}",
         f"trainer.precision={args.precision}", f"trainer.channels_last={args.channels_last}",
         f"trainer.compile={args.compile}", "trainer.epochs=1000000", "trainer.log_every_n_steps=1000000",
         "checkpoint.every_n_steps=0", "checkpoint.keep_last=2",
@@ -129,16 +130,22 @@ def bare_round(config, env, args: argparse.Namespace) -> Callable[[], int]:
     return run
 
 
-def lightning_rates(config, env, args: argparse.Namespace) -> list[float] | None:
+def import_lightning():
+    """Lightning's package (either of its names), or None."""
+    for name in ("lightning", "pytorch_lightning"):
+        with contextlib.suppress(ImportError):
+            return __import__(name)
+    return None
+
+
+def lightning_rates(config, env, args: argparse.Namespace) -> list[float] | str:
     """images/s of Lightning's Trainer per epoch on the same model and data (one fit: a warm-up
-    epoch, then `rounds` timed ones); None where Lightning is not installed."""
-    try:
-        import lightning as L  # noqa: N812
-    except ImportError:
-        try:
-            import pytorch_lightning as L  # noqa: N812
-        except ImportError:
-            return None
+    epoch, then `rounds` timed ones), or why it was not run."""
+    L = import_lightning()  # noqa: N806
+    if L is None:
+        return "not installed (pip install lightning to compare)"
+    if env.device.type == "cuda" and env.local_world_size > torch.cuda.device_count():
+        return "skipped: its Trainer takes one GPU per process, and these processes share GPUs"
     from torch.utils.data import DataLoader, TensorDataset
 
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -200,32 +207,38 @@ def checkpoint_hold_ms(trainer, saves: int = 3) -> float:
     return max(held)
 
 
+def measure(args: argparse.Namespace, env, run_dir: Path) -> tuple[dict[str, list[float]], float, str]:
+    """images/s of each loop per round, the longest save hold, and why Lightning did not run."""
+    config = compose(args, env.world_size, run_dir)
+    trainer = build_trainer(config, env, run_dir)
+    stop = StopOnSigterm()
+    loops = {"project": project_round(trainer, stop), "bare": bare_round(config, env, args)}
+    for run in loops.values():
+        run()  # warm-up: compilation, worker start, allocator, cuDNN autotuning
+    rates: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.rounds):  # alternating, so that drift in the machine hits both alike
+        for name, run in loops.items():
+            rates[name].append(timed(run, env.device))
+    held = checkpoint_hold_ms(trainer)
+    stop.close()
+    trainer.metrics.close()
+    lightning = lightning_rates(config, env, args)  # its own fit, after the others
+    if isinstance(lightning, str):
+        return rates, held, lightning
+    return {**rates, "lightning": lightning}, held, ""
+
+
 def main() -> int:
     args = parse_args()
     with distributed(DistConfig(backend="auto", timeout_s=600)) as env, tempfile.TemporaryDirectory() as scratch:
-        run_dir = Path(scratch) / "run"
-        config = compose(args, env.world_size, run_dir)
-        trainer = build_trainer(config, env, run_dir)
-        stop = StopOnSigterm()
-        loops = {"project": project_round(trainer, stop), "bare": bare_round(config, env, args)}
-        for run in loops.values():
-            run()  # warm-up: compilation, worker start, allocator, cuDNN autotuning
-        rates: dict[str, list[float]] = {name: [] for name in loops}
-        for _ in range(args.rounds):  # alternating, so that drift in the machine hits both alike
-            for name, run in loops.items():
-                rates[name].append(timed(run, env.device))
-        held = checkpoint_hold_ms(trainer)
-        stop.close()
-        trainer.metrics.close()
-        lightning = lightning_rates(config, env, args)  # its own fit, after the others
-        if lightning is not None:
-            rates["lightning"] = lightning
+        rates, held, lightning = measure(args, env, Path(scratch) / "run")
         median = {name: statistics.median(values) for name, values in rates.items()}
         if env.is_main:
             print(
                 f"bench: model {args.model}, batch {args.batch}/process, {env.world_size} process(es) "
                 f"({env.backend}, {env.device.type}), precision {args.precision}, channels_last "
-                f"{args.channels_last}, compile {args.compile}, {args.steps} steps x {args.rounds} round(s)"
+                f"{args.channels_last}, compile {args.compile}, on_device {args.on_device}, "
+                f"{args.steps} steps x {args.rounds} round(s)"
             )
             for name, value in median.items():
                 print(f"{name:<10} {value:>10.0f} images/s   rounds: {' '.join(f'{r:.0f}' for r in rates[name])}")
@@ -233,7 +246,7 @@ def main() -> int:
             if "lightning" in median:
                 print(f"ratio project/lightning {median['project'] / median['lightning']:.3f}")
             else:
-                print("lightning: not installed (pip install lightning to compare)")
+                print(f"lightning: {lightning}")
             print(f"checkpoint save holds training {held:.1f} ms (longest of 3)")
     return 0
 

@@ -110,6 +110,12 @@ def test_sigkill_of_a_worker_is_restarted_and_ends_bit_identical(reference: Path
     assert_bit_identical(reference, run_dir)
 
 
+def test_on_device_data_trains_bit_identical_to_the_loader_path(reference: Path, tmp_path: Path) -> None:
+    code, output = finish(start(tmp_path, 2, *JOB, "data.on_device=true"))
+    assert code == 0, output[-3000:]
+    assert_bit_identical(reference, tmp_path)
+
+
 def test_killed_several_times_still_ends_bit_identical(reference: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start(run_dir, 2, *JOB, max_restarts=5)

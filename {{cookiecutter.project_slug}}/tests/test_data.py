@@ -11,12 +11,16 @@ from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
 from {{cookiecutter.package_name}}.data import (
+    DeviceBatches,
     KeyedDataset,
     ResumableDistributedSampler,
     augment,
+    augment_batch,
     build_data,
     eval_shard,
     make_datasets,
+    sample_seed,
+    sample_seeds,
 )
 from {{cookiecutter.package_name}}.distributed import DistEnv
 
@@ -94,6 +98,39 @@ def test_batches_do_not_depend_on_the_number_of_workers(workers: int) -> None:
     reference = torch.cat([batch[0] for batch in DataLoader(dataset, sampler=sampler, batch_size=16)])
     loaded = torch.cat([batch[0] for batch in DataLoader(dataset, sampler=sampler, batch_size=16, num_workers=workers)])
     assert torch.equal(reference, loaded)
+
+
+def test_batched_augmentation_equals_the_per_sample_one() -> None:
+    indices = torch.tensor([0, 1, 2, 3, 1000, 2**31 + 5, 49999, 123456789])
+    seeds = [sample_seed(11, 5, index) for index in indices.tolist()]
+    assert sample_seeds(11, 5, indices).tolist() == [s - 2**64 if s >= 2**63 else s for s in seeds]
+    images = torch.randn(len(indices), 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    one_by_one = torch.stack([augment(image, 11, 5, int(i)) for image, i in zip(images, indices, strict=True)])
+    assert torch.equal(augment_batch(images, 11, 5, indices), one_by_one)
+
+
+@pytest.mark.parametrize(("name", "rank", "start"), [("synthetic", 0, 0), ("synthetic", 1, 40), ("cifar10", 1, 0)])
+def test_on_device_batches_equal_the_loader_batches(tmp_path, name: str, rank: int, start: int) -> None:
+    """data.on_device gives the same batches as the DataLoader path (here the device is the CPU)."""
+    write_cifar(tmp_path, per_file=20)  # 100 training images, uint8 as CIFAR-10 stores them
+    where = f"data.root={tmp_path}" if name == "cifar10" else "data.train_size=100"
+    config = to_train_config(compose_config([f"data={name}", where, "data.augment=true"]))
+    base, _ = make_datasets(config.data, seed=0)
+    sampler = ResumableDistributedSampler(len(base), env(rank, 2), 16, seed=0)
+    sampler.set_epoch(3)
+    sampler.set_start(start)
+    loader = DataLoader(KeyedDataset(base, seed=0, augmented=True), sampler=sampler, batch_size=16)
+    expected = list(loader)
+    batches = list(DeviceBatches(base, sampler, seed=0, augmented=True, device=torch.device("cpu")))
+    assert len(batches) == len(expected) > 1
+    for got, want in zip(batches, expected, strict=True):
+        for got_part, want_part in zip(got, want, strict=True):
+            assert got_part.dtype == want_part.dtype and torch.equal(got_part, want_part)
+
+
+def test_on_device_needs_a_set_held_in_memory() -> None:
+    with pytest.raises(ConfigError, match="data.on_device=true needs a data set held in memory"):
+        to_train_config(compose_config(["data=image_folder", "data.on_device=true"]))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])

@@ -34,6 +34,7 @@ def require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 MODEL_NAMES = ("small_cnn", "resnet18", "resnet50")
 DATA_NAMES = ("synthetic", "image_folder", "cifar10")
+IN_MEMORY_DATA = ("synthetic", "cifar10")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -64,9 +65,14 @@ class DataConfig:
     num_classes: int = MISSING
     image_size: int = MISSING
     augment: bool = MISSING  # random crop (padding 4) and horizontal flip
+    on_device: bool = MISSING  # keep the training set on the GPU and augment batches there
 
     def check(self) -> None:
         require_choice("data.name", self.name, DATA_NAMES)
+        require(
+            not self.on_device or self.name in IN_MEMORY_DATA,
+            f"data.on_device=true needs a data set held in memory ({', '.join(IN_MEMORY_DATA)}), not {self.name}",
+        )
         require_positive("data.batch_size", self.batch_size)
         require(self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}")
         require(self.num_classes >= 2, f"data.num_classes must be >= 2, got {self.num_classes}")

@@ -8,6 +8,7 @@ world size, and lets evaluation give the same figures at any world size.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import pickle
@@ -49,6 +50,40 @@ def augment(image: torch.Tensor, seed: int, epoch: int, index: int) -> torch.Ten
     padded = F.pad(image, (CROP_PADDING,) * 4)
     out = padded[..., dy : dy + height, dx : dx + width]
     return out.flip(-1) if flip else out
+
+
+def as_int64(value: int) -> int:
+    """The int64 with the same 64 bits as the unsigned `value`."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors that hold unsigned 64-bit patterns."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def sample_seeds(seed: int, epoch: int, indices: torch.Tensor) -> torch.Tensor:
+    """`sample_seed` of many indices at once, on their device: int64 tensors of the same bits."""
+    base = as_int64((seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + 1) & MASK64)
+    x = indices * as_int64(0x94D049BB133111EB) + base  # int64 arithmetic wraps like uint64's
+    x = (x ^ shift_right(x, 30)) * as_int64(0xBF58476D1CE4E5B9)
+    x = (x ^ shift_right(x, 27)) * as_int64(0x94D049BB133111EB)
+    return x ^ shift_right(x, 31)
+
+
+def augment_batch(images: torch.Tensor, seed: int, epoch: int, indices: torch.Tensor) -> torch.Tensor:
+    """`augment` of every image of a batch at once, on the batch's device: the same crops and flips."""
+    draw = sample_seeds(seed, epoch, indices)
+    span = 2 * CROP_PADDING + 1
+    dy = (shift_right(draw, 32) * (2**32 % span) + (draw & 0xFFFFFFFF)) % span  # the unsigned draw % span
+    dx, flip = shift_right(draw, 8) % span, shift_right(draw, 16) & 1
+    count, _, height, width = images.shape
+    padded = F.pad(images, (CROP_PADDING,) * 4)
+    rows = dy[:, None] + torch.arange(height, device=images.device)
+    columns = torch.arange(width, device=images.device)
+    columns = torch.where(flip[:, None] == 1, width - 1 - columns, columns) + dx[:, None]
+    batch = torch.arange(count, device=images.device)[:, None, None]
+    return padded[batch, :, rows[:, :, None], columns[:, None, :]].permute(0, 3, 1, 2).contiguous()
 
 
 def normalise(images_uint8: torch.Tensor) -> torch.Tensor:
@@ -246,6 +281,34 @@ class ResumableDistributedSampler(DistributedSampler):
         return full * self.batch_size + (max(1, self.rank_slice(last)[1]) if last else 0)
 
 
+class DeviceBatches:
+    """The training batches of `data.on_device`: the set lives on the device and each batch is
+    gathered, normalised and augmented there, from the sampler's own keys, so the batches equal
+    the DataLoader's (same order, same crops and flips) without workers or host-to-device copies."""
+
+    def __init__(
+        self, base: TensorImages, sampler: ResumableDistributedSampler, seed: int, augmented: bool, device: torch.device
+    ) -> None:
+        self.images, self.labels = base.images.to(device), base.labels.to(device)
+        self.sampler, self.seed, self.augmented, self.device = sampler, seed, augmented, device
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.sampler.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        keys = iter(self.sampler)
+        while chunk := list(itertools.islice(keys, self.sampler.batch_size)):
+            indices = torch.tensor([index for index, _, _ in chunk])
+            weights = torch.tensor([weight for _, _, weight in chunk], dtype=torch.float64)  # as collated
+            on_device = indices.to(self.device, non_blocking=True)
+            images = self.images[on_device]
+            if images.dtype == torch.uint8:
+                images = normalise(images)
+            if self.augmented:
+                images = augment_batch(images, self.seed, self.sampler.epoch, on_device)
+            yield images, self.labels[on_device], weights, indices
+
+
 def eval_shard(size: int, rank: int, world_size: int) -> range:
     """This rank's contiguous share of the evaluation set: no padding, no sample twice."""
     return range(size * rank // world_size, size * (rank + 1) // world_size)
@@ -253,7 +316,7 @@ def eval_shard(size: int, rank: int, world_size: int) -> range:
 
 @dataclass
 class Data:
-    train_loader: DataLoader
+    train_loader: DataLoader | DeviceBatches
     val_loader: DataLoader
     sampler: ResumableDistributedSampler
     val_size: int
@@ -278,8 +341,12 @@ def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
     sampler = ResumableDistributedSampler(len(train_set), env, config.batch_size, seed)
     options = loader_options(config, env)
     shard = torch.utils.data.Subset(val_set, list(eval_shard(len(val_set), env.rank, env.world_size)))
+    if config.on_device:  # config.check() allows it for in-memory sets (TensorImages) only
+        train_loader: DataLoader | DeviceBatches = DeviceBatches(train_base, sampler, seed, config.augment, env.device)
+    else:
+        train_loader = DataLoader(train_set, sampler=sampler, **options)
     return Data(
-        train_loader=DataLoader(train_set, sampler=sampler, **options),
+        train_loader=train_loader,
         val_loader=DataLoader(shard, shuffle=False, **options),
         sampler=sampler,
         val_size=len(val_set),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import hashlib
 import inspect
 import logging
@@ -149,6 +150,9 @@ def distributed(config: DistConfig) -> Iterator[DistEnv]:
         yield env
     finally:
         if dist.is_initialized():
+            # DDP models sit in reference cycles: free the unreachable ones while the process group
+            # exists, since a reducer destroyed after it can abort the process at exit.
+            gc.collect()
             dist.destroy_process_group()
 
 

@@ -131,7 +131,7 @@ class Trainer:
             micro, micro_left = micro + 1, micro_left - 1
             self.step.micro_step(images, labels, weights, real_samples, sync=micro == group)
             if self.samples.enabled:
-                indices = indices[weights > 0].tolist()
+                indices = indices[weights.cpu() > 0].tolist()
                 self.samples.write("samples", step=state.step + 1, epoch=epoch, indices=indices)
             if micro < group:
                 continue
