@@ -16,7 +16,7 @@ prepare() {
   rm -rf .gpu && mkdir -p .gpu/whl
   grep -qx '/.gpu/' .git/info/exclude 2> /dev/null || echo '/.gpu/' >> .git/info/exclude
   "$PYTHON" -m cookiecutter --no-input -o .gpu . git_init=no > /dev/null || exit 1
-  "$PYTHON" -m pip download -q --no-deps -d .gpu/whl hydra-core omegaconf || exit 1
+  "$PYTHON" -m pip download -q --no-deps -d .gpu/whl 'hydra-core>=1.3,<1.4' 'omegaconf>=2.2,<2.4' || exit 1
   "$PYTHON" -m pip wheel -q --no-deps -w .gpu/whl 'antlr4-python3-runtime==4.9.3' || exit 1  # sdist only on PyPI
   ls .gpu .gpu/whl
 }
