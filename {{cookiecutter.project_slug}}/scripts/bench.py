@@ -37,6 +37,7 @@ from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # n
 from {{cookiecutter.package_name}}.models import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.preemption import StopOnSigterm  # noqa: E402
 from {{cookiecutter.package_name}}.rundir import register_resolvers  # noqa: E402
+from {{cookiecutter.package_name}}.step import AUTOCAST_DTYPES  # noqa: E402
 from {{cookiecutter.package_name}}.trainer import build_trainer  # noqa: E402
 
 
@@ -114,7 +115,7 @@ def bare_round(config, env, args: argparse.Namespace) -> Callable[[], int]:
     size = args.image_size
     images = torch.randn(args.batch, 3, size, size, device=env.device).contiguous(memory_format=memory_format)
     labels = torch.randint(0, config.data.num_classes, (args.batch,), device=env.device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    dtype = AUTOCAST_DTYPES[args.precision]
     scaler = torch.amp.GradScaler(env.device.type, enabled=args.precision == "fp16")
 
     def run() -> int:

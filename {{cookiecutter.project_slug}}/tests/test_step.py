@@ -71,8 +71,8 @@ def fp16_runner(clip: float) -> StepRunner:
 def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> None:
     runner = fp16_runner(clip=1e-3)
     before = [p.detach().clone() for p in runner.ddp_model.parameters()]
-    runner.micro_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4), 4, sync=True)
-    loss = runner.optimizer_step()
+    loss = runner.micro_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4), 4, sync=True)
+    runner.optimizer_step()
     after = list(runner.ddp_model.parameters())
     moved = torch.stack([(a.detach() - b).norm() for a, b in zip(after, before, strict=True)]).norm()
     # SGD with lr 1 moves the weights by the clipped gradient: norm 1e-3 once unscaled (not 1e-3 / 65536).

@@ -35,9 +35,9 @@ class StepRunner:
         self.dtype = AUTOCAST_DTYPES[config.precision]
         self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
         self.clip_grad_norm = config.clip_grad_norm
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]  # what clipping sees
         # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
-        self.loss_sum = torch.zeros((), device=device)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is None:
@@ -46,8 +46,9 @@ class StepRunner:
 
     def micro_step(
         self, images: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, real_samples: int, sync: bool
-    ) -> None:
-        """Forward and backward of one micro-batch; `sync` on the last one of the step only."""
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch (`sync` on the last one of the step only); its
+        share of the step's loss, on the device: the step's loss is the sum of its micro-batches'."""
         images = images.to(self.device, non_blocking=True, memory_format=self.memory_format)
         labels = labels.to(self.device, non_blocking=True)
         weights = weights.to(self.device, non_blocking=True)
@@ -61,19 +62,16 @@ class StepRunner:
             # micro-batches), also when the last one is short or uneven: padding (weight 0) adds nothing.
             loss = (per_sample * weights).sum() * (self.world_size / real_samples)
             self.scaler.scale(loss).backward()
-        self.loss_sum += loss.detach()
+        return loss.detach()
 
-    def optimizer_step(self) -> torch.Tensor:
-        """Clip, step, clear the gradients; return the step's loss (on the device)."""
+    def optimizer_step(self) -> None:
+        """Clip, step, clear the gradients."""
         if self.clip_grad_norm > 0:
             self.scaler.unscale_(self.optimizer)
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+            nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        loss, self.loss_sum = self.loss_sum, torch.zeros((), device=self.device)
-        return loss
 
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict() if self.scaler.is_enabled() else {}

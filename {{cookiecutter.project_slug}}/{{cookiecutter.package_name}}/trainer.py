@@ -48,8 +48,7 @@ class Trainer:
     config: TrainConfig
     env: DistEnv
     run_dir: Path
-    model: nn.Module  # the user's model, unwrapped
-    ddp_model: nn.Module
+    model: nn.Module  # the user's model, unwrapped (step.ddp_model is what trains)
     optimizer: torch.optim.Optimizer
     data: Data
     checkpoints: Checkpointer
@@ -129,14 +128,14 @@ class Trainer:
                 progress = epoch + (state.samples_in_epoch + real_samples) / dataset_size
                 set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
             micro, micro_left = micro + 1, micro_left - 1
-            self.step.micro_step(images, labels, weights, real_samples, sync=micro == group)
+            interval.loss_sum += self.step.micro_step(images, labels, weights, real_samples, sync=micro == group)
             if self.samples.enabled:
                 indices = indices[weights.cpu() > 0].tolist()
                 self.samples.write("samples", step=state.step + 1, epoch=epoch, indices=indices)
             if micro < group:
                 continue
             micro = 0
-            interval.loss_sum += self.step.optimizer_step()
+            self.step.optimizer_step()
             state.step += 1
             state.samples_in_epoch += real_samples
             interval.steps += 1
@@ -258,6 +257,6 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     if found is not None:
         step.load_state_dict(found[1].get("grad_scaler", {}))
     return Trainer(
-        config, env, run_dir, model, ddp_model, optimizer, data, checkpoints, metrics, samples, state, plain_config,
+        config, env, run_dir, model, optimizer, data, checkpoints, metrics, samples, state, plain_config,
         hook_state, step,
     )  # fmt: skip
