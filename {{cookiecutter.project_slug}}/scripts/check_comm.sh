@@ -22,5 +22,4 @@ else
   require_int NPROC_PER_NODE "$NPROC_PER_NODE" 1
   TORCHRUN_ARGS=(--standalone --nproc-per-node="$NPROC_PER_NODE")
 fi
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 run_torchrun "${TORCHRUN_ARGS[@]}" -m {{ cookiecutter.package_name }}.comm_check "${HYDRA_ARGS[@]}"

@@ -5,6 +5,14 @@ PYTHON="${PYTHON:-python}"
 PROJECT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HYDRA_ARGS=()
 
+# The workers' environment, set before any process imports torch (a value the user set wins).
+# One thread per process is right when the processes share the cores (torchrun would set it
+# with a warning per job). MKL_CBWR: Intel MKL may give a matrix product other low bits when its
+# operands lie at other memory alignments, and a restarted process lays them out anew; STRICT
+# makes CPU results depend on the inputs only, which bit-exact resume on CPUs needs.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export MKL_CBWR="${MKL_CBWR:-AUTO,STRICT}"
+
 die() {
   echo "error: $*" >&2
   exit 2

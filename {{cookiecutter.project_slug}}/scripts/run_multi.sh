@@ -33,7 +33,6 @@ RUN_DIR="outputs/$RUN_NAME"
 check_launch "$NPROC_PER_NODE" "$RUN_DIR"
 multi_node_args
 echo "run dir: $RUN_DIR (node $NODE_RANK)"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 status=0
 run_torchrun "${TORCHRUN_ARGS[@]}" train.py hydra.run.dir="$RUN_DIR" "${HYDRA_ARGS[@]}" \
   || status=$?

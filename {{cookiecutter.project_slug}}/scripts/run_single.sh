@@ -26,9 +26,6 @@ check_launch "$NPROC_PER_NODE" "$RUN_DIR"
 [[ -n "$RUN_DIR" ]] || RUN_DIR="$(new_run_dir)"
 echo "run dir: $RUN_DIR"
 
-# torchrun would set this itself, with a warning per job; one thread per process is right
-# when the processes share the cores.
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 status=0
 run_torchrun --standalone --nproc-per-node="$NPROC_PER_NODE" \
   --max-restarts="$MAX_RESTARTS" train.py hydra.run.dir="$RUN_DIR" "${HYDRA_ARGS[@]}" || status=$?

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -38,9 +39,19 @@ def compose_config(overrides: list[str] | None = None, name: str = "train") -> D
         return compose(config_name=name, overrides=overrides or [])
 
 
+@functools.cache
+def launch_env() -> dict[str, str]:
+    """What the launch scripts export for the workers (scripts/common.sh), read from the scripts
+    themselves: jobs the tests start directly get exactly what users' jobs get."""
+    script = 'source scripts/common.sh && env -0'
+    output = subprocess.run(["bash", "-c", script], cwd=PROJECT_DIR, env=os.environ, capture_output=True, check=True)
+    exported = dict(item.split("=", 1) for item in output.stdout.decode().split("\0") if "=" in item)
+    return {key: value for key, value in exported.items() if os.environ.get(key) != value and key != "_"}
+
+
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for launched jobs: one thread per process, unbuffered output."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHON": PYTHON, **(extra or {})}
+    """The environment for launched jobs: the launch scripts' worker settings, unbuffered output."""
+    return {**os.environ, **launch_env(), "PYTHONUNBUFFERED": "1", "PYTHON": PYTHON, **(extra or {})}
 
 
 def run(

@@ -17,7 +17,7 @@ import torch
 
 from {{cookiecutter.package_name}}.checkpoint import list_checkpoints, load_checkpoint
 
-from .conftest import PROJECT_DIR, SMALL, job_env, read_metrics, run, torchrun_command
+from .conftest import PROJECT_DIR, SMALL, job_env, read_metrics, run
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,10 @@ LAST_STEP = 48
 
 
 def start(run_dir: Path, nproc: int, *overrides: str, max_restarts: int = 3) -> subprocess.Popen[str]:
-    """torchrun in a session of its own (so the test can signal it like a scheduler would)."""
-    cmd = torchrun_command("train.py", nproc, f"hydra.run.dir={run_dir}", *overrides, max_restarts=max_restarts)
+    """The launch script, as users start a job, in a session of its own (so the test can signal
+    it like a scheduler would): the workers get the environment users' workers get."""
+    keys = [f"NPROC_PER_NODE={nproc}", f"MAX_RESTARTS={max_restarts}", f"RUN_DIR={run_dir}"]
+    cmd = ["bash", "scripts/run_single.sh", *keys, *overrides]
     return subprocess.Popen(
         cmd, cwd=PROJECT_DIR, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,

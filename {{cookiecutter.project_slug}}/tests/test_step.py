@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ import torch
 from torch import nn
 
 from {{cookiecutter.package_name}}.config import TrainerConfig
-from {{cookiecutter.package_name}}.step import StepRunner
+from {{cookiecutter.package_name}}.step import StepRunner, use_deterministic_kernels
 
-from .conftest import SMALL, last_line, read_metrics, run, torchrun
+from .conftest import PROJECT_DIR, SMALL, last_line, read_metrics, run, torchrun
 from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
 
 
@@ -27,8 +28,39 @@ def test_accumulated_micro_batches_give_the_big_batch_gradient_with_one_all_redu
 
 
 # 2 epochs of 16 micro-batches on 2 processes, 3 per optimizer step: 6 steps an epoch (the last of 1).
+# trainer.deterministic=true too: the GPU switch must not get in the way of training on CPUs.
 ACCUMULATED = [*SMALL, "trainer.precision=bf16", "trainer.grad_accum_steps=3", "trainer.clip_grad_norm=1.0",
-               "trainer.channels_last=true", "checkpoint.every_n_steps=2", "checkpoint.keep_last=20"]  # fmt: skip
+               "trainer.channels_last=true", "trainer.deterministic=true", "checkpoint.every_n_steps=2",
+               "checkpoint.keep_last=20"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, "AUTO,STRICT"), ("COMPATIBLE", "COMPATIBLE")])
+def test_launch_scripts_give_workers_alignment_independent_mkl_results(preset: str | None, expected: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "MKL_CBWR"}
+    if preset:
+        env["MKL_CBWR"] = preset  # the user's own choice wins
+    for script in ("scripts/common.sh", "scripts/slurm.sbatch"):
+        if not (PROJECT_DIR / script).exists():
+            continue
+        shell = f"source {script} > /dev/null 2>&1; echo $MKL_CBWR" if script.endswith(".sh") else (
+            f"eval \"$(grep '^export MKL_CBWR' {script})\"; echo $MKL_CBWR"
+        )
+        proc = subprocess.run(["bash", "-c", shell], cwd=PROJECT_DIR, env=env, capture_output=True, text=True)
+        assert proc.stdout.strip() == expected, (script, proc.stdout, proc.stderr)
+
+
+def test_deterministic_switch_sets_every_gpu_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    use_deterministic_kernels(False)
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    torch.backends.cudnn.benchmark = True
+    try:
+        use_deterministic_kernels(True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.slow

@@ -144,6 +144,7 @@ class TrainerConfig:
     compile: bool = MISSING  # torch.compile of the model, before the DDP wrap
     grad_accum_steps: int = MISSING  # micro-batches per optimizer step, all-reduced once
     clip_grad_norm: float = MISSING  # 0: no clipping
+    deterministic: bool = MISSING  # deterministic kernels on GPUs: bit-exact resume there, at a cost
 
     def check(self) -> None:
         require_positive("trainer.epochs", self.epochs)

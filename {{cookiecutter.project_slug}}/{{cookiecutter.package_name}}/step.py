@@ -9,6 +9,7 @@ Nothing here reads a value back to the host: the loss stays on the device until 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import torch
@@ -18,6 +19,21 @@ from torch import nn
 from .config import TrainerConfig
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def use_deterministic_kernels(enabled: bool) -> None:
+    """trainer.deterministic: the GPU kernels that make a resume bit-exact there.
+
+    CPU results are bit-exact without it (the launch scripts set MKL_CBWR). On GPUs, atomics in
+    some kernels, cuBLAS's workspace choice and cuDNN's benchmark-picked algorithms vary from run
+    to run; this turns all three off. Call before the first cuBLAS use: it reads the workspace
+    setting when it creates its handle.
+    """
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 class StepRunner:

@@ -21,7 +21,7 @@ from .logs import MetricsLog, use_progress_bar
 from .models import build_model, count_parameters
 from .optim import build_optimizer, lr_at, set_lr
 from .preemption import Preempted, StopOnSigterm
-from .step import StepRunner
+from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
 from .tensorboard_log import TensorBoardLog
 {%- endif %}
@@ -207,6 +207,7 @@ class Trainer:
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     """Everything the loop needs, resumed from a checkpoint when there is one."""
     torch.manual_seed(config.seed)
+    use_deterministic_kernels(config.trainer.deterministic)
     data = build_data(config.data, env, config.seed)
     model = build_model(config.model, config.data.num_classes)
     if config.ddp.sync_batchnorm and env.world_size > 1:
