@@ -16,6 +16,8 @@ CHOICES = {
     "git_init": "{{ cookiecutter.git_init }}",
 }
 PACKAGE = "{{ cookiecutter.package_name }}"
+# cruft records the template commit it baked; plain cookiecutter leaves `_commit` unset.
+BAKED_BY_CRUFT = "{{ cookiecutter._commit | default('') }}" != ""
 
 UNCHOSEN_FILES = {
     ("tensorboard", "no"): [f"{PACKAGE}/tensorboard_log.py", "tests/test_tensorboard.py"],
@@ -31,7 +33,9 @@ def main() -> None:
                 pathlib.Path(path).unlink()
     for script in pathlib.Path("scripts").glob("*.sh"):
         script.chmod(0o755)
-    if CHOICES["git_init"] == "yes" and shutil.which("git"):
+    # Not under cruft: `cruft update` bakes the old and the new template into temp dirs and applies
+    # their diff, and a .git made here would be in that diff (the update then fails to apply).
+    if CHOICES["git_init"] == "yes" and not BAKED_BY_CRUFT and shutil.which("git"):
         has_identity = subprocess.run(["git", "config", "user.email"], capture_output=True).returncode == 0
         identity = [] if has_identity else ["-c", "user.name={{ cookiecutter.author }}", "-c", "user.email=@"]
         subprocess.run(["git", "init", "-q"], check=True)

@@ -18,6 +18,7 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 # The generated project, file by file: a new file must be added here on purpose.
 EXPECTED_FILES = {
     ".cookiecutter.json",
+    ".github/workflows/ci.yml",
     ".gitignore",
     ".pre-commit-config.yaml",
     "LICENSE",
@@ -31,6 +32,10 @@ EXPECTED_FILES = {
     "configs/model/small_cnn.yaml",
     "configs/model/resnet18.yaml",
     "configs/model/resnet50.yaml",
+    "configs/model/gpt.yaml",
+    "configs/data/text.yaml",
+    "configs/task/classification.yaml",
+    "configs/task/language_model.yaml",
     "configs/data/synthetic.yaml",
     "configs/data/image_folder.yaml",
     "configs/data/cifar10.yaml",
@@ -38,13 +43,17 @@ EXPECTED_FILES = {
     "configs/optim/adamw.yaml",
     "scripts/check_comm.sh",
     "scripts/cluster.env",
-    "scripts/common.sh",
     "scripts/plot_metrics.py",
     "scripts/run_multi.sh",
     "scripts/run_single.sh",
     "scripts/slurm.sbatch",
     "scripts/bench.py",
     "PKG/__init__.py",
+    "PKG/batch.py",
+    "PKG/components.py",
+    "PKG/datasets.py",
+    "PKG/randomness.py",
+    "PKG/tasks.py",
     "PKG/checkpoint.py",
     "PKG/comm_check.py",
     "PKG/comm_hooks.py",
@@ -52,6 +61,9 @@ EXPECTED_FILES = {
     "PKG/data.py",
     "PKG/distributed.py",
     "PKG/entry.py",
+    "PKG/eval.py",
+    "PKG/launch.py",
+    "PKG/train.py",
     "PKG/evaluate.py",
     "PKG/logs.py",
     "PKG/models.py",
@@ -74,6 +86,9 @@ EXPECTED_FILES = {
     "tests/test_slurm.py",
     "tests/test_tensorboard.py",
     "tests/test_training.py",
+    "tests/test_own_model.py",
+    "tests/test_language_model.py",
+    "tests/test_launch.py",
     "tests/test_step.py",
     "tests/accumulation_probe.py",
 }
@@ -105,6 +120,7 @@ BAKES = {
     "no_slurm": {"slurm": "no"},
     "default_resnet50": {"default_model": "resnet50"},
     "default_image_folder": {"default_data": "image_folder"},
+    "default_language_model": {"default_task": "language_model"},
 }
 
 
@@ -152,6 +168,8 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
     assert f'requires-python = ">={answers["python_version"]}"' in pyproject
     train_yaml = (project / "configs" / "train.yaml").read_text()
     assert f"model: {answers['default_model']}" in train_yaml and f"data: {answers['default_data']}" in train_yaml
+    task = "language_model" if answers["default_task"] == "language_model" else "classification"
+    assert f"task: {task}" in train_yaml
     if answers["license"] != "none":
         assert f'license = {{ text = "{answers["license"]}" }}' in pyproject
         assert answers["author"] in (project / "LICENSE").read_text()
@@ -176,7 +194,7 @@ def test_names_derive_from_the_project_name(tmp_path: Path) -> None:
     project = bake(tmp_path, {"project_name": "Vision Net-2"})
     assert project.name == "vision_net_2"
     assert (project / "vision_net_2" / "trainer.py").is_file()
-    assert "from vision_net_2.entry import" in (project / "train.py").read_text()
+    assert "from vision_net_2.train import main" in (project / "train.py").read_text()
 
 
 def test_answers_are_recorded_so_the_project_can_be_baked_again(tmp_path: Path) -> None:
@@ -236,7 +254,7 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
 def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_path: Path) -> None:
     choices = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11",
                "license": "none", "tensorboard": "no", "slurm": "no", "default_model": "resnet18",
-               "default_data": "cifar10"}  # fmt: skip
+               "default_data": "cifar10", "default_task": "language_model"}  # fmt: skip
     project = bake(tmp_path, choices)
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr

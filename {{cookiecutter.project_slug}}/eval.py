@@ -3,22 +3,11 @@
     python eval.py ckpt_path=outputs/<run>/checkpoints/step_00000256.pt
     torchrun --standalone --nproc_per_node=3 eval.py ckpt_path=...
 
-The last line of the output is `val_loss=<float> val_acc=<float> val_samples=<int>`.
+The last line of the output is the task's metrics, `val_loss=<float> val_acc=<float> val_samples=<int>`
+for classification. The entry point lives in the package ({{ cookiecutter.package_name }}/eval.py).
 """
 
-import sys
-
-import hydra
-from omegaconf import DictConfig
-
-from {{cookiecutter.package_name}}.entry import prepare, run_eval
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="eval")
-def main(cfg: DictConfig) -> None:
-    run_eval(cfg)
-
+from {{cookiecutter.package_name}}.eval import main
 
 if __name__ == "__main__":
-    prepare(sys.argv)  # accepts the legacy --local-rank argument, registers the config schema
     main()

@@ -1,18 +1,10 @@
-"""Train: `python train.py [overrides]` (one process) or `bash scripts/run_single.sh` (torchrun)."""
+"""Train: `python train.py [overrides]` (one process) or `bash scripts/run_single.sh` (torchrun).
 
-import sys
+The entry point lives in the package ({{ cookiecutter.package_name }}/train.py), so that it also works
+installed (`{{ cookiecutter.package_name }}-train`, `torchrun -m {{ cookiecutter.package_name }}.train`).
+"""
 
-import hydra
-from omegaconf import DictConfig
-
-from {{cookiecutter.package_name}}.entry import prepare, run_train
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="train")
-def main(cfg: DictConfig) -> None:
-    run_train(cfg)
-
+from {{cookiecutter.package_name}}.train import main
 
 if __name__ == "__main__":
-    prepare(sys.argv)  # accepts the legacy --local-rank argument, registers the config schema
     main()

@@ -18,14 +18,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from {{cookiecutter.package_name}}.comm_hooks import PowerSGDHook, register_comm_hook  # noqa: E402
-from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, ModelConfig, SmallCNNConfig  # noqa: E402
+from {{cookiecutter.package_name}}.components import build_model  # noqa: E402
+from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig  # noqa: E402
 from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
-from {{cookiecutter.package_name}}.models import build_model  # noqa: E402
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 BASE = DDPConfig(
     bucket_cap_mb=25, gradient_as_bucket_view=True, static_graph=False, find_unused_parameters=False,
     broadcast_buffers=True, sync_batchnorm=False, comm_hook="none", powersgd_rank=1, powersgd_start_iter=2,
@@ -41,8 +43,8 @@ def bytes_per_step(hook_name: str, hook: object, model: torch.nn.Module, numel_b
 
 def measure(hook_name: str, args: argparse.Namespace, env) -> tuple[float, float]:
     torch.manual_seed(0)
-    config = SmallCNNConfig(name="small_cnn", width=32) if args.model == "small_cnn" else ModelConfig(name=args.model)
-    model = build_model(config, 10).to(env.device)
+    config = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
+    model = build_model({**config, "num_classes": 10}).to(env.device)  # type: ignore[dict-item]
     ddp_model = wrap_ddp(model, replace(BASE, comm_hook=hook_name), env)
     hook = register_comm_hook(ddp_model, replace(BASE, comm_hook=hook_name), None, env)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -70,7 +72,8 @@ def measure(hook_name: str, args: argparse.Namespace, env) -> tuple[float, float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small_cnn", choices=["small_cnn", "resnet18", "resnet50"])
+    models = sorted(path.stem for path in (CONFIGS / "model").glob("*.yaml") if path.stem != "gpt")
+    parser.add_argument("--model", default="small_cnn", choices=models, help="an image model of configs/model/")
     parser.add_argument("--batch", type=int, default=32, help="per process")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)

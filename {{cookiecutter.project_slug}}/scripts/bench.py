@@ -32,9 +32,9 @@ import torch.nn.functional as F
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_DIR))
 
+from {{cookiecutter.package_name}}.components import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.config import DistConfig, register_configs, to_train_config  # noqa: E402
 from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
-from {{cookiecutter.package_name}}.models import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.preemption import StopOnSigterm  # noqa: E402
 from {{cookiecutter.package_name}}.rundir import register_resolvers  # noqa: E402
 from {{cookiecutter.package_name}}.step import AUTOCAST_DTYPES  # noqa: E402
@@ -43,7 +43,8 @@ from {{cookiecutter.package_name}}.trainer import build_trainer  # noqa: E402
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small_cnn", choices=["small_cnn", "resnet18", "resnet50"])
+    models = sorted(path.stem for path in (PROJECT_DIR / "configs" / "model").glob("*.yaml") if path.stem != "gpt")
+    parser.add_argument("--model", default="small_cnn", choices=models, help="an image model of configs/model/")
     parser.add_argument("--batch", type=int, default=32, help="per process")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--channels-last", action="store_true")
@@ -109,7 +110,7 @@ def bare_round(config, env, args: argparse.Namespace) -> Callable[[], int]:
     """A minimal DDP loop: one fixed batch on the device, the same model, precision and layout."""
     torch.manual_seed(config.seed)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = build_model(config.model, config.data.num_classes).to(env.device, memory_format=memory_format)
+    model = build_model(config.model).to(env.device, memory_format=memory_format)
     ddp_model = wrap_ddp(torch.compile(model) if args.compile else model, config.ddp, env)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     size = args.image_size
@@ -159,7 +160,7 @@ def lightning_rates(config, env, args: argparse.Namespace) -> list[float] | str:
     class Module(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = build_model(config.model, config.data.num_classes).to(memory_format=memory_format)
+            self.model = build_model(config.model).to(memory_format=memory_format)
             self.started = 0.0
 
         def training_step(self, batch, _index):

@@ -1,7 +1,7 @@
 """Plot a run's metrics.jsonl to <run dir>/metrics.png: `python scripts/plot_metrics.py RUN_DIR`.
 
-Loss (training and validation), validation accuracy and learning rate against the global
-step, for a person without TensorBoard.
+Loss (training and validation), the task's other validation metrics (accuracy, bits per
+byte, ...) and the learning rate against the global step, for a person without TensorBoard.
 """
 
 from __future__ import annotations
@@ -29,18 +29,30 @@ def series(records: list[dict], kind: str, key: str) -> tuple[list[int], list[fl
     return [r["step"] for r in chosen], [r[key] for r in chosen]
 
 
+def validation_metrics(records: list[dict]) -> list[str]:
+    """The task's validation metrics besides the loss (val_acc, val_bpb, ...), in record order."""
+    names: list[str] = []
+    for record in records:
+        if record.get("kind") == "val":
+            names += [k for k in record if k.startswith("val_") and k not in ("val_loss", "val_samples", *names)]
+    return names
+
+
 def plot(run_dir: Path) -> Path:
     records = read_records(run_dir)
-    figure, (loss_ax, acc_ax, lr_ax) = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained")
+    metrics = validation_metrics(records)
+    figure, axes_row = plt.subplots(1, 2 + len(metrics), figsize=(5 * (2 + len(metrics)), 4.2), layout="constrained")
+    loss_ax, lr_ax, metric_axes = axes_row[0], axes_row[-1], axes_row[1:-1]
     loss_ax.plot(*series(records, "train", "train_loss"), label="training loss", color="tab:blue")
-    loss_ax.plot(*series(records, "val", "val_loss"), "o-", label="validation loss", color="tab:orange")
-    loss_ax.set(title="Loss", xlabel="optimizer step", ylabel="cross-entropy")
-    steps, accuracy = series(records, "val", "val_acc")
-    acc_ax.plot(steps, [100 * a for a in accuracy], "o-", label="validation accuracy", color="tab:green")
-    acc_ax.set(title="Validation accuracy", xlabel="optimizer step", ylabel="accuracy (%)", ylim=(0, 100))
+    steps, losses = series(records, "val", "val_loss")
+    loss_ax.plot(steps, losses, "o-", label="validation loss", color="tab:orange")
+    loss_ax.set(title="Loss", xlabel="optimizer step", ylabel="loss")
+    for axes, name in zip(metric_axes, metrics, strict=True):
+        axes.plot(*series(records, "val", name), "o-", label=f"validation {name[4:]}", color="tab:green")
+        axes.set(title=f"Validation {name[4:]}", xlabel="optimizer step", ylabel=name[4:])
     lr_ax.plot(*series(records, "train", "lr"), label="learning rate", color="tab:purple")
     lr_ax.set(title="Learning rate", xlabel="optimizer step", ylabel="learning rate")
-    for axes in (loss_ax, acc_ax, lr_ax):
+    for axes in axes_row:
         axes.grid(alpha=0.3)
         axes.legend()
     last_step = max([r["step"] for r in records] or [0])

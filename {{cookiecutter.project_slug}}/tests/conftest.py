@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from {{cookiecutter.package_name}}.config import register_configs
+from {{cookiecutter.package_name}}.launch import worker_environment
 from {{cookiecutter.package_name}}.rundir import register_resolvers
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -39,19 +39,11 @@ def compose_config(overrides: list[str] | None = None, name: str = "train") -> D
         return compose(config_name=name, overrides=overrides or [])
 
 
-@functools.cache
-def launch_env() -> dict[str, str]:
-    """What the launch scripts export for the workers (scripts/common.sh), read from the scripts
-    themselves: jobs the tests start directly get exactly what users' jobs get."""
-    script = 'source scripts/common.sh && env -0'
-    output = subprocess.run(["bash", "-c", script], cwd=PROJECT_DIR, env=os.environ, capture_output=True, check=True)
-    exported = dict(item.split("=", 1) for item in output.stdout.decode().split("\0") if "=" in item)
-    return {key: value for key, value in exported.items() if os.environ.get(key) != value and key != "_"}
-
-
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for launched jobs: the launch scripts' worker settings, unbuffered output."""
-    return {**os.environ, **launch_env(), "PYTHONUNBUFFERED": "1", "PYTHON": PYTHON, **(extra or {})}
+    """The environment for launched jobs: what the launcher sets for users' workers (so jobs the
+    tests start with torchrun directly get the same), unbuffered output."""
+    return {**os.environ, **worker_environment(dict(os.environ)), "PYTHONUNBUFFERED": "1", "PYTHON": PYTHON,
+            **(extra or {})}  # fmt: skip
 
 
 def run(
@@ -79,6 +71,15 @@ def torchrun_command(script: str, nproc: int, *args: str, max_restarts: int = 0)
 
 def torchrun(script: str, nproc: int, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
     return run(torchrun_command(script, nproc, *args), **kwargs)
+
+
+def project_copy(destination: Path) -> Path:
+    """A copy of the project (without run dirs and caches) that a test may add files to."""
+    import shutil
+
+    ignored = shutil.ignore_patterns("outputs", ".git", "__pycache__", ".pytest_cache")
+    shutil.copytree(PROJECT_DIR, destination, ignore=ignored)
+    return destination
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -26,13 +26,15 @@ JOB = [*SMALL, "trainer.epochs=3", "checkpoint.every_n_steps=5", "checkpoint.kee
 LAST_STEP = 48
 
 
-def start(run_dir: Path, nproc: int, *overrides: str, max_restarts: int = 3) -> subprocess.Popen[str]:
+def start(
+    run_dir: Path, nproc: int, *overrides: str, max_restarts: int = 3, cwd: Path = PROJECT_DIR
+) -> subprocess.Popen[str]:
     """The launch script, as users start a job, in a session of its own (so the test can signal
     it like a scheduler would): the workers get the environment users' workers get."""
     keys = [f"NPROC_PER_NODE={nproc}", f"MAX_RESTARTS={max_restarts}", f"RUN_DIR={run_dir}"]
     cmd = ["bash", "scripts/run_single.sh", *keys, *overrides]
     return subprocess.Popen(
-        cmd, cwd=PROJECT_DIR, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd, cwd=cwd, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip
 
@@ -94,7 +96,7 @@ def test_checkpoints_are_plain_and_load_with_weights_only(reference: Path) -> No
     payload = torch.load(path, map_location="cpu", weights_only=True)
     assert {"model", "optimizer", "scheduler", "epoch", "step", "samples_in_epoch", "config"} <= payload.keys()
     assert payload["step"] == LAST_STEP and payload["epoch"] == 3 and payload["samples_in_epoch"] == 0
-    assert isinstance(payload["config"], dict) and payload["config"]["model"]["name"] == "small_cnn"
+    assert isinstance(payload["config"], dict) and payload["config"]["model"]["_target_"].endswith(".SmallCNN")
     assert (reference / "checkpoints" / "config.yaml").read_text().startswith("seed: 0")
     sources = "".join(p.read_text() for p in (PROJECT_DIR / "{{cookiecutter.package_name}}").glob("*.py"))
     assert "weights_only=False" not in sources

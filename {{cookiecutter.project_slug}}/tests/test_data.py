@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pickle
+import random
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from {{cookiecutter.package_name}}.components import build_datasets
 from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
 from {{cookiecutter.package_name}}.data import (
     DeviceBatches,
@@ -18,11 +20,10 @@ from {{cookiecutter.package_name}}.data import (
     augment_batch,
     build_data,
     eval_shard,
-    make_datasets,
-    sample_seed,
     sample_seeds,
 )
 from {{cookiecutter.package_name}}.distributed import DistEnv
+from {{cookiecutter.package_name}}.randomness import sample_seed, seeded_by_sample
 
 from .conftest import compose_config
 
@@ -91,7 +92,7 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index() -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_batches_do_not_depend_on_the_number_of_workers(workers: int) -> None:
     config = to_train_config(compose_config(["data=synthetic", "data.train_size=96", "data.augment=true"]))
-    base, _ = make_datasets(config.data, seed=0)
+    base, _ = build_datasets(config.data.dataset)
     sampler = ResumableDistributedSampler(len(base), env(0, 1), 16, seed=0)
     sampler.set_epoch(1)
     dataset = KeyedDataset(base, seed=0, augmented=True)
@@ -115,7 +116,7 @@ def test_on_device_batches_equal_the_loader_batches(tmp_path, name: str, rank: i
     write_cifar(tmp_path, per_file=20)  # 100 training images, uint8 as CIFAR-10 stores them
     where = f"data.root={tmp_path}" if name == "cifar10" else "data.train_size=100"
     config = to_train_config(compose_config([f"data={name}", where, "data.augment=true"]))
-    base, _ = make_datasets(config.data, seed=0)
+    base, _ = build_datasets(config.data.dataset)
     sampler = ResumableDistributedSampler(len(base), env(rank, 2), 16, seed=0)
     sampler.set_epoch(3)
     sampler.set_start(start)
@@ -128,9 +129,11 @@ def test_on_device_batches_equal_the_loader_batches(tmp_path, name: str, rank: i
             assert got_part.dtype == want_part.dtype and torch.equal(got_part, want_part)
 
 
-def test_on_device_needs_a_set_held_in_memory() -> None:
+def test_on_device_needs_a_set_held_in_memory(tmp_path) -> None:
+    write_image_tree(tmp_path, classes=10, per_class=1)
+    config = to_train_config(compose_config(["data=image_folder", f"data.root={tmp_path}", "data.on_device=true"]))
     with pytest.raises(ConfigError, match="data.on_device=true needs a data set held in memory"):
-        to_train_config(compose_config(["data=image_folder", "data.on_device=true"]))
+        build_data(config.data, env(0, 1), seed=0)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
@@ -140,8 +143,11 @@ def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
 
 
 def test_synthetic_set_is_made_from_the_seed() -> None:
-    config = to_train_config(compose_config(["data=synthetic", "data.train_size=50", "data.val_size=20"])).data
-    (a, _), (b, _), (c, _) = make_datasets(config, 0), make_datasets(config, 0), make_datasets(config, 1)
+    def made(seed: int):
+        overrides = ["data=synthetic", "data.train_size=50", "data.val_size=20", f"seed={seed}"]
+        return build_datasets(to_train_config(compose_config(overrides)).data.dataset)
+
+    (a, _), (b, _), (c, _) = made(0), made(0), made(1)
     assert torch.equal(a.images, b.images) and not torch.equal(a.images, c.images)
     assert len(set(a.labels.tolist())) > 2
 
@@ -179,7 +185,7 @@ def test_image_folder_class_count_mismatch_is_a_clear_error(tmp_path) -> None:
     write_image_tree(tmp_path, classes=3, per_class=1)
     config = to_train_config(compose_config(["data=image_folder", f"data.root={tmp_path}"]))
     with pytest.raises(ConfigError, match="data.num_classes=10"):
-        make_datasets(config.data, 0)
+        build_datasets(config.data.dataset)
 
 
 def write_cifar(root, per_file: int) -> None:
@@ -198,7 +204,7 @@ def write_cifar(root, per_file: int) -> None:
 def test_cifar10_reads_its_own_format(tmp_path) -> None:
     write_cifar(tmp_path, per_file=6)
     config = to_train_config(compose_config(["data=cifar10", f"data.root={tmp_path}"]))
-    train, val = make_datasets(config.data, 0)
+    train, val = build_datasets(config.data.dataset)
     assert (len(train), len(val)) == (30, 6)
     image, label = train[0]
     assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and 0 <= label < 10
@@ -207,5 +213,45 @@ def test_cifar10_reads_its_own_format(tmp_path) -> None:
 def test_cifar10_missing_says_where_and_does_not_download(tmp_path) -> None:
     config = to_train_config(compose_config(["data=cifar10", f"data.root={tmp_path}"]))
     with pytest.raises(ConfigError, match="cifar-10-batches-py.*data.download=true"):
-        make_datasets(config.data, 0)
+        build_datasets(config.data.dataset)
     assert not any(tmp_path.iterdir()), "nothing may be downloaded unless asked"
+
+
+class RandomNoise(torch.utils.data.Dataset):
+    """A user's data set with a random transform of its own (torchvision's draw the same way)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int):
+        with seeded_by_sample():
+            noise = torch.rand(3) + random.random() + np.random.rand()
+        return noise, index
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_users_random_transform_is_a_function_of_seed_epoch_and_index(workers: int) -> None:
+    dataset = KeyedDataset(RandomNoise(), seed=5, augmented=False)
+
+    def by_index(world_size: int, epoch: int, num_workers: int) -> dict[int, torch.Tensor]:
+        seen = {}
+        for rank in range(world_size):
+            sampler = ResumableDistributedSampler(len(dataset), env(rank, world_size), 4, seed=5)
+            sampler.set_epoch(epoch)
+            # The project's loaders have generators of their own (a plain one draws from the global).
+            loader = DataLoader(dataset, sampler=sampler, batch_size=4, num_workers=num_workers,
+                                generator=torch.Generator())  # fmt: skip
+            for noise, target, _, _ in loader:
+                seen.update(zip(target.tolist(), noise, strict=True))
+        return seen
+
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    one = by_index(1, epoch=2, num_workers=0)
+    assert torch.equal(torch.rand(1), expected_next), "the global generator is put back after each sample"
+    three = by_index(3, epoch=2, num_workers=workers)
+    assert one.keys() == three.keys() == set(range(40))
+    assert all(torch.equal(one[i], three[i]) for i in one), "same draws at any world size and worker count"
+    assert not torch.equal(one[0], by_index(1, epoch=3, num_workers=0)[0]), "another epoch, other draws"
+    assert len({tuple(t.tolist()) for t in one.values()}) == 40, "each sample its own draws"

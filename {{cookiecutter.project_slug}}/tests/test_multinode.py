@@ -74,24 +74,11 @@ def kill_node(proc: subprocess.Popen[str]) -> None:
     proc.communicate(timeout=30)
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ([], "NODE_RANK is required"),
-        (["NODE_RANK=2", "NNODES=2"], "NODE_RANK=2 is outside 0..1 for NNODES=2"),
-        (["NODE_RANK=0", "NNODES=two"], "NNODES=two is not a whole number"),
-        (["NODE_RANK=0", "NNODES=3:2"], "NNODES=3:2: MIN is larger than MAX"),
-        (["NODE_RANK=0", "NPROC_PER_NODE=1.5"], "NPROC_PER_NODE=1.5 is not a whole number"),
-        (["NODE_RANK=1"], "MASTER_ADDR is required on node 1"),
-        (["NODE_RANK=0", "MASTER_PORT=70000"], "MASTER_PORT=70000 is outside 1..65535"),
-        (["NODE_RANK=0", "MASTER_PORT=0"], "MASTER_PORT=0 must be at least 1"),
-        (["NODE_RANK=0", "FOO=1"], "unknown key FOO"),
-    ],
-)
-def test_bad_input_is_refused_before_torchrun(args: list[str], message: str) -> None:
-    proc = run(["bash", "scripts/run_multi.sh", *args], expect_ok=False, timeout=60)
+def test_bad_input_is_refused_before_torchrun() -> None:
+    # Every case is checked in-process by test_launch.py; here one goes through the script.
+    proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=2", "NNODES=2"], expect_ok=False, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert "NODE_RANK=2 is outside 0..1 for NNODES=2" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert "torch.distributed" not in proc.stdout + proc.stderr
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,10 @@ import torch
 from torch import nn
 
 from {{cookiecutter.package_name}}.config import TrainerConfig
+from {{cookiecutter.package_name}}.launch import worker_environment
 from {{cookiecutter.package_name}}.step import StepRunner, use_deterministic_kernels
 
-from .conftest import PROJECT_DIR, SMALL, last_line, read_metrics, run, torchrun
+from .conftest import SMALL, last_line, read_metrics, run, torchrun
 from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
 
 
@@ -35,18 +35,11 @@ ACCUMULATED = [*SMALL, "trainer.precision=bf16", "trainer.grad_accum_steps=3", "
 
 
 @pytest.mark.parametrize(("preset", "expected"), [(None, "AUTO,STRICT"), ("COMPATIBLE", "COMPATIBLE")])
-def test_launch_scripts_give_workers_alignment_independent_mkl_results(preset: str | None, expected: str) -> None:
+def test_launches_give_workers_alignment_independent_mkl_results(preset: str | None, expected: str) -> None:
     env = {key: value for key, value in os.environ.items() if key != "MKL_CBWR"}
     if preset:
         env["MKL_CBWR"] = preset  # the user's own choice wins
-    for script in ("scripts/common.sh", "scripts/slurm.sbatch"):
-        if not (PROJECT_DIR / script).exists():
-            continue
-        shell = f"source {script} > /dev/null 2>&1; echo $MKL_CBWR" if script.endswith(".sh") else (
-            f"eval \"$(grep '^export MKL_CBWR' {script})\"; echo $MKL_CBWR"
-        )
-        proc = subprocess.run(["bash", "-c", shell], cwd=PROJECT_DIR, env=env, capture_output=True, text=True)
-        assert proc.stdout.strip() == expected, (script, proc.stdout, proc.stderr)
+    assert worker_environment(env)["MKL_CBWR"] == expected
 
 
 def test_deterministic_switch_sets_every_gpu_knob(monkeypatch: pytest.MonkeyPatch) -> None:

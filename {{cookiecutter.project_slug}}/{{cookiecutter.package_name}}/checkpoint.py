@@ -189,11 +189,9 @@ class Checkpointer:
 
 def check_same_model(path: Path, saved_config: dict[str, Any], config: dict[str, Any]) -> None:
     """Refuse, saying what differs, a checkpoint written for another model."""
-    pairs = {f"model.{key}": (saved_config.get("model", {}).get(key), value) for key, value in config["model"].items()}
-    pairs["data.num_classes"] = (saved_config.get("data", {}).get("num_classes"), config["data"]["num_classes"])
-    differences = [
-        f"{key}: checkpoint {saved!r}, config {wanted!r}" for key, (saved, wanted) in pairs.items() if saved != wanted
-    ]
+    saved, wanted = saved_config.get("model", {}), config["model"]
+    pairs = {f"model.{key}": (saved.get(key), wanted.get(key)) for key in sorted({*saved, *wanted})}
+    differences = [f"{key}: checkpoint {old!r}, config {new!r}" for key, (old, new) in pairs.items() if old != new]
     if differences:
         raise ConfigError(
             f"checkpoint {path} does not fit this model ({'; '.join(differences)}): "

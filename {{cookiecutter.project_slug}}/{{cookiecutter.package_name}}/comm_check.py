@@ -12,13 +12,12 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
-from .config import ConfigError, register_configs, to_train_config
+from .config import ConfigError, config_dir, register_configs, to_train_config
 from .distributed import DistEnv, distributed
 
 SIZES_BYTES = [2**k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
@@ -137,9 +136,8 @@ def run_checks(env: DistEnv) -> bool:
 
 def main(overrides: list[str]) -> int:
     register_configs()
-    configs = Path(__file__).resolve().parents[1] / "configs"
     try:
-        with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             config = to_train_config(compose(config_name="train", overrides=overrides))
         with distributed(config.dist) as env:
             if not dist.is_initialized():  # a world of one still exercises every call

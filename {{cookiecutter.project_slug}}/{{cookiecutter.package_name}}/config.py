@@ -8,10 +8,19 @@ process group exists, identically on every rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+def config_dir() -> Path:
+    """configs/: inside the package once installed (`pip install .` puts it there), beside the
+    package in a source checkout."""
+    package = Path(__file__).resolve().parent
+    inside = package / "configs"
+    return inside if inside.is_dir() else package.parent / "configs"
 
 
 class ConfigError(ValueError):
@@ -32,106 +41,80 @@ def require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     require(value in choices, f"{key}={value!r} is not one of {', '.join(choices)}")
 
 
-MODEL_NAMES = ("small_cnn", "resnet18", "resnet50")
-DATA_NAMES = ("synthetic", "image_folder", "cifar10")
-IN_MEMORY_DATA = ("synthetic", "cifar10")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULERS = ("cosine", "constant")
 
 
-@dataclass
-class ModelConfig:
-    name: str = MISSING
+def whole_number(key: str, value: Any, least: int) -> int:
+    require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= least,
+        f"{key} must be a whole number >= {least}, got {value!r}",
+    )
+    return value
 
-    def check(self) -> None:
-        require_choice("model.name", self.name, MODEL_NAMES)
+
+def number(key: str, value: Any, least: float, strictly: bool = False) -> float:
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    require(
+        is_number and (value > least if strictly else value >= least),
+        f"{key} must be a number {'>' if strictly else '>='} {least}, got {value!r}",
+    )
+    return float(value)
 
 
-@dataclass
-class SmallCNNConfig(ModelConfig):
-    width: int = MISSING
+def flag(key: str, value: Any) -> bool:
+    require(isinstance(value, bool), f"{key} must be true or false, got {value!r}")
+    return value
 
-    def check(self) -> None:
-        super().check()
-        require_positive("model.width", self.width)
+
+def require_target(key: str, node: Any) -> None:
+    require(
+        isinstance(node, dict) and isinstance(node.get("_target_"), str),
+        f"{key} needs a _target_ (a callable, module.name): see configs/{key.split('.')[0]}/",
+    )
 
 
 @dataclass
 class DataConfig:
-    name: str = MISSING
-    batch_size: int = MISSING  # per process
-    num_workers: int = MISSING
-    num_classes: int = MISSING
-    image_size: int = MISSING
-    augment: bool = MISSING  # random crop (padding 4) and horizontal flip
-    on_device: bool = MISSING  # keep the training set on the GPU and augment batches there
+    """The loader's keys of a configs/data/*.yaml file. Its `dataset` node's `_target_` returns
+    the (train, val) pair; any other key of the file is there for that node to interpolate."""
 
-    def check(self) -> None:
-        require_choice("data.name", self.name, DATA_NAMES)
-        require(
-            not self.on_device or self.name in IN_MEMORY_DATA,
-            f"data.on_device=true needs a data set held in memory ({', '.join(IN_MEMORY_DATA)}), not {self.name}",
+    batch_size: int  # per process
+    num_workers: int
+    dataset: dict[str, Any]
+    num_classes: int = 0  # classification: the model's outputs; 0 where the task has no classes
+    augment: bool = False  # the project's random crop (padding 4) and flip of image tensors
+    on_device: bool = False  # keep the training set on the GPU and augment batches there
+    node: dict[str, Any] = field(default_factory=dict)  # the whole data node, as configured
+
+    @classmethod
+    def from_node(cls, node: dict[str, Any]) -> DataConfig:
+        require(isinstance(node, dict), "data must be a config node: choose one with data=<name>")
+        require_target("data.dataset", node.get("dataset"))
+        return cls(
+            batch_size=whole_number("data.batch_size", node.get("batch_size"), 1),
+            num_workers=whole_number("data.num_workers", node.get("num_workers", 0), 0),
+            dataset=node["dataset"],
+            num_classes=whole_number("data.num_classes", node["num_classes"], 2) if "num_classes" in node else 0,
+            augment=flag("data.augment", node.get("augment", False)),
+            on_device=flag("data.on_device", node.get("on_device", False)),
+            node=node,
         )
-        require_positive("data.batch_size", self.batch_size)
-        require(self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}")
-        require(self.num_classes >= 2, f"data.num_classes must be >= 2, got {self.num_classes}")
-        require(self.image_size >= 8, f"data.image_size must be >= 8, got {self.image_size}")
 
 
-@dataclass
-class SyntheticDataConfig(DataConfig):
-    train_size: int = MISSING
-    val_size: int = MISSING
-
-    def check(self) -> None:
-        super().check()
-        require_positive("data.train_size", self.train_size)
-        require_positive("data.val_size", self.val_size)
-
-
-@dataclass
-class ImageFolderDataConfig(DataConfig):
-    root: str = MISSING  # holds train/<class>/* and val/<class>/*
-
-
-@dataclass
-class Cifar10DataConfig(DataConfig):
-    root: str = MISSING  # holds cifar-10-batches-py/
-    download: bool = MISSING
-
-
-@dataclass
-class OptimConfig:
-    name: str = MISSING
-    lr: float = MISSING
-    weight_decay: float = MISSING
-    scheduler: str = MISSING  # cosine | constant, over the whole run, after warm-up
-    warmup_epochs: float = MISSING
-
-    def check(self) -> None:
-        require_positive("optim.lr", self.lr)
-        require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-        require_choice("optim.scheduler", self.scheduler, ("cosine", "constant"))
-        require(self.warmup_epochs >= 0, f"optim.warmup_epochs must be >= 0, got {self.warmup_epochs}")
-
-
-@dataclass
-class SGDConfig(OptimConfig):
-    momentum: float = MISSING
-    nesterov: bool = MISSING
-
-
-@dataclass
-class AdamWConfig(OptimConfig):
-    betas: list[float] = MISSING
-
-    def check(self) -> None:
-        super().check()
-        require(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-            f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}",
-        )
+def check_optim(node: Any) -> None:
+    """optim: `_target_` (any torch.optim class) and its arguments, plus the project's schedule keys."""
+    require_target("optim", node)
+    number("optim.lr", node.get("lr"), 0, strictly=True)
+    number("optim.weight_decay", node.get("weight_decay", 0.0), 0)
+    require_choice("optim.scheduler", node.get("scheduler", "cosine"), SCHEDULERS)
+    number("optim.warmup_epochs", node.get("warmup_epochs", 0.0), 0)
+    if "betas" in node:
+        betas = node["betas"]
+        in_range = isinstance(betas, list) and all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)
+        require(in_range and len(betas) == 2, f"optim.betas must be two numbers in [0, 1), got {betas}")
 
 
 @dataclass
@@ -211,9 +194,10 @@ class LogConfig:
 @dataclass
 class TrainConfig:
     seed: int = MISSING
-    model: ModelConfig = MISSING
-    data: DataConfig = MISSING
-    optim: OptimConfig = MISSING
+    model: Any = MISSING  # _target_ (returns an nn.Module) and its arguments
+    data: Any = MISSING  # a DataConfig once checked
+    optim: Any = MISSING  # _target_ (a torch.optim class) and its arguments; scheduler, warmup_epochs
+    task: Any = MISSING  # _target_: the loss and the metrics (tasks.py)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     dist: DistConfig = field(default_factory=DistConfig)
@@ -231,16 +215,6 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(group="schema", name="train", node=TrainConfig, package="_global_")
     store.store(group="schema", name="eval", node=EvalConfig, package="_global_")
-    for group, name, node in [
-        ("model", "base_model", ModelConfig),
-        ("model", "base_small_cnn", SmallCNNConfig),
-        ("data", "base_synthetic", SyntheticDataConfig),
-        ("data", "base_image_folder", ImageFolderDataConfig),
-        ("data", "base_cifar10", Cifar10DataConfig),
-        ("optim", "base_sgd", SGDConfig),
-        ("optim", "base_adamw", AdamWConfig),
-    ]:
-        store.store(group=group, name=name, node=node)
 
 
 def to_train_config(cfg: DictConfig) -> Any:
@@ -253,6 +227,10 @@ def to_train_config(cfg: DictConfig) -> Any:
     except Exception as error:  # OmegaConf's own errors carry the key in their message
         message = str(error).strip().splitlines()[0]
         raise ConfigError(f"invalid configuration: {message}") from None
+    require_target("model", config.model)
+    require_target("task", config.task)
+    check_optim(config.optim)
+    config.data = DataConfig.from_node(config.data)
     check_all(config)
     return config
 
@@ -268,28 +246,37 @@ def check_all(section: Any) -> None:
 
 
 def to_plain_dict(config: Any) -> dict[str, Any]:
-    """The config as plain dicts, lists and scalars (what a weights_only checkpoint may hold)."""
-    return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)  # type: ignore[return-value]
+    """The config as plain dicts, lists and scalars (what a weights_only checkpoint may hold):
+    the groups as configured, so that the checkpoint's config composes again."""
+    plain = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    if isinstance(config.data, DataConfig):
+        plain["data"] = config.data.node  # type: ignore[index]
+    return plain  # type: ignore[return-value]
 
 
-CONFIG_GROUPS = ("model", "data", "optim")
+CONFIG_GROUPS = ("model", "data", "optim", "task")
 
 
 def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> DictConfig:
     """The eval config: the checkpoint's own settings, then whatever the user overrode.
 
     Evaluating a checkpoint needs the settings it was trained with (the model, the data set,
-    the seed the synthetic set is drawn from); the user only names what should differ.
+    the seed the synthetic set is drawn from); the user only names what should differ. The
+    groups (model, data, optim, task) come back whole, as the checkpoint holds them.
     """
     from hydra import compose
 
     given = {item.split("=", 1)[0].lstrip("+~") for item in user_overrides if "=" in item}
-    choices = [f"{group}={saved[group]['name']}" for group in CONFIG_GROUPS if group not in given and group in saved]
-    composed = compose(config_name="eval", overrides=choices + list(user_overrides))
-    kept = OmegaConf.create({k: v for k, v in saved.items() if k not in given})
+    composed = compose(config_name="eval", overrides=list(user_overrides))
+    merged = composed.copy()
+    for section, value in saved.items():
+        if section in given or section not in composed:
+            continue
+        if section in CONFIG_GROUPS:
+            merged[section] = value
+        else:
+            merged = OmegaConf.merge(merged, {section: value})  # type: ignore[assignment]
     for key in given:  # a dotted override (data.batch_size=...) keeps the user's value
-        group, _, leaf = key.partition(".")
-        if leaf and OmegaConf.select(kept, key) is not None:
-            parent, _, name = key.rpartition(".")
-            OmegaConf.select(kept, parent).pop(name)  # type: ignore[union-attr]
-    return OmegaConf.merge(composed, kept)  # type: ignore[return-value]
+        if "." in key and key.split(".", 1)[0] not in given:
+            OmegaConf.update(merged, key, OmegaConf.select(composed, key), merge=False)
+    return merged

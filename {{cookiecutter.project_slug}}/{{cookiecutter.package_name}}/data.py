@@ -1,4 +1,4 @@
-"""Data sets, the training sampler and the exact evaluation split.
+"""The data path: keyed samples, the training sampler, loaders and the exact evaluation split.
 
 Determinism is the contract here: an epoch's sample order is a function of (seed, epoch),
 a sample's augmentation a function of (seed, epoch, index). Neither depends on the number of
@@ -11,34 +11,27 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from .config import Cifar10DataConfig, ConfigError, DataConfig, ImageFolderDataConfig, SyntheticDataConfig
+from .components import build_datasets
+from .config import ConfigError, DataConfig
+from .datasets import TensorImages, normalise
 from .distributed import DistEnv
+from .randomness import EVAL_EPOCH, MASK64, building_sample, sample_seed
 
 log = logging.getLogger(__name__)
 
-MASK64 = (1 << 64) - 1
 CROP_PADDING = 4
 
 # A training key names one sample of one epoch; weight 0 marks padding that fills a rank's
 # share of the last, short global batch (it runs through the model but adds no gradient).
 TrainKey = tuple[int, int, float]  # (index, epoch, weight)
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A well-mixed 64-bit number from (seed, epoch, index): splitmix64's finaliser."""
-    x = (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB + 1) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
 
 
 def augment(image: torch.Tensor, seed: int, epoch: int, index: int) -> torch.Tensor:
@@ -86,123 +79,10 @@ def augment_batch(images: torch.Tensor, seed: int, epoch: int, indices: torch.Te
     return padded[batch, :, rows[:, :, None], columns[:, None, :]].permute(0, 3, 1, 2).contiguous()
 
 
-def normalise(images_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 pixels to floats of mean about 0 and spread about 1."""
-    return (images_uint8.float() / 255.0 - 0.5) / 0.25
-
-
-class TensorImages(Dataset):
-    """Images held in memory as one (N, C, H, W) tensor with integer labels."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.images[index]
-        return (normalise(image) if image.dtype == torch.uint8 else image), int(self.labels[index])
-
-
-def make_synthetic(config: SyntheticDataConfig, seed: int) -> tuple[TensorImages, TensorImages]:
-    """A learnable set made from the seed: smooth class prototypes plus per-sample noise."""
-    size = config.image_size
-    prototypes_rng = torch.Generator().manual_seed(seed)
-    coarse = torch.randn(config.num_classes, 3, 4, 4, generator=prototypes_rng)
-    prototypes = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
-
-    def draw(count: int, stream: int) -> TensorImages:
-        rng = torch.Generator().manual_seed(seed * 1000 + stream)
-        labels = torch.randint(config.num_classes, (count,), generator=rng)
-        noise = torch.randn(count, 3, size, size, generator=rng)
-        return TensorImages(prototypes[labels] * 0.2 + noise, labels)
-
-    return draw(config.train_size, 1), draw(config.val_size, 2)
-
-
-CIFAR_DIR = "cifar-10-batches-py"
-CIFAR_TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
-CIFAR_TEST_FILES = ["test_batch"]
-
-
-def read_cifar_batches(folder: Path, names: Sequence[str]) -> TensorImages:
-    """CIFAR-10's python format: pickled dicts of uint8 rows (3x32x32) and labels."""
-    images, labels = [], []
-    for name in names:
-        with open(folder / name, "rb") as file:
-            batch = pickle.load(file, encoding="latin1")  # the data set's own format
-        images.append(torch.as_tensor(batch["data"], dtype=torch.uint8).reshape(-1, 3, 32, 32))
-        labels.append(torch.as_tensor(batch["labels"], dtype=torch.long))
-    return TensorImages(torch.cat(images), torch.cat(labels))
-
-
-def check_data_available(config: DataConfig) -> None:
-    """Refuse, before any work, a data set whose files are not where the config says."""
-    if isinstance(config, Cifar10DataConfig):
-        folder = Path(config.root) / CIFAR_DIR
-        missing = [name for name in CIFAR_TRAIN_FILES + CIFAR_TEST_FILES if not (folder / name).is_file()]
-        if missing and not config.download:
-            raise ConfigError(
-                f"CIFAR-10 not found: {folder} lacks {', '.join(missing)}; put the python-version files "
-                f"there or set data.download=true"
-            )
-        require_image_size(config, 32)
-    if isinstance(config, ImageFolderDataConfig):
-        for split in ("train", "val"):
-            if not (Path(config.root) / split).is_dir():
-                raise ConfigError(
-                    f"image_folder: {Path(config.root) / split} does not exist; "
-                    "set data.root to a folder with train/ and val/"
-                )
-
-
-def make_cifar10(config: Cifar10DataConfig) -> tuple[TensorImages, TensorImages]:
-    folder = Path(config.root) / CIFAR_DIR
-    check_data_available(config)
-    if config.download and not all((folder / name).is_file() for name in CIFAR_TRAIN_FILES + CIFAR_TEST_FILES):
-        from torchvision.datasets import CIFAR10
-
-        CIFAR10(config.root, train=True, download=True)
-    return read_cifar_batches(folder, CIFAR_TRAIN_FILES), read_cifar_batches(folder, CIFAR_TEST_FILES)
-
-
-def require_image_size(config: DataConfig, size: int) -> None:
-    if config.image_size != size:
-        raise ConfigError(f"data.image_size={config.image_size} but {config.name} images are {size}x{size}")
-
-
-def make_image_folder(config: ImageFolderDataConfig) -> tuple[Dataset, Dataset]:
-    from torchvision import datasets, transforms
-
-    check_data_available(config)
-    transform = transforms.Compose(
-        [transforms.Resize((config.image_size, config.image_size)), transforms.PILToTensor(), normalise]
-    )
-    train, val = (
-        datasets.ImageFolder(str(Path(config.root) / split), transform=transform) for split in ("train", "val")
-    )
-    if train.classes != val.classes or len(train.classes) != config.num_classes:
-        raise ConfigError(
-            f"image_folder: train/ has {len(train.classes)} classes, val/ has {len(val.classes)}, "
-            f"data.num_classes={config.num_classes}: make them agree"
-        )
-    return train, val
-
-
-def make_datasets(config: DataConfig, seed: int) -> tuple[Dataset, Dataset]:
-    """The (train, val) pair of the configured data set, items (image tensor, label)."""
-    if isinstance(config, SyntheticDataConfig):
-        return make_synthetic(config, seed)
-    if isinstance(config, Cifar10DataConfig):
-        return make_cifar10(config)
-    if isinstance(config, ImageFolderDataConfig):
-        return make_image_folder(config)
-    raise ConfigError(f"data.name={config.name!r} has no loader")
-
-
 class KeyedDataset(Dataset):
-    """Items (image, label, weight, index); training keys are (index, epoch, weight), evaluation keys indices."""
+    """Items (input, target, weight, index); training keys are (index, epoch, weight), evaluation
+    keys indices. While the base set builds a sample, its (seed, epoch, index) is the current
+    sample's key (randomness.py), which the sample's own random draws come from."""
 
     def __init__(self, base: Dataset, seed: int, augmented: bool) -> None:
         self.base, self.seed, self.augmented = base, seed, augmented
@@ -210,15 +90,16 @@ class KeyedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: int | TrainKey) -> tuple[torch.Tensor, int, float, int]:
-        if isinstance(key, int):
-            image, label = self.base[key]
-            return image, label, 1.0, key
-        index, epoch, weight = key
-        image, label = self.base[index]
-        if self.augmented:
-            image = augment(image, self.seed, epoch, index)
-        return image, label, weight, index
+    def __getitem__(self, key: int | TrainKey) -> tuple[Any, Any, float, int]:
+        index, epoch, weight = (key, EVAL_EPOCH, 1.0) if isinstance(key, int) else key
+        with building_sample(self.seed, epoch, index):
+            item = self.base[index]
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise TypeError(f"data set items must be (input, target) pairs; item {index} is a {type(item).__name__}")
+        inputs, target = item
+        if self.augmented and epoch != EVAL_EPOCH:
+            inputs = augment(inputs, self.seed, epoch, index)
+        return inputs, target, weight, index
 
 
 class ResumableDistributedSampler(DistributedSampler):
@@ -322,7 +203,7 @@ class Data:
     val_size: int
 
 
-def loader_options(config: DataConfig, env: DistEnv) -> dict:
+def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
     workers = config.num_workers
     return {
         "batch_size": config.batch_size,
@@ -330,19 +211,33 @@ def loader_options(config: DataConfig, env: DistEnv) -> dict:
         "pin_memory": env.device.type == "cuda",
         "persistent_workers": workers > 0,
         "prefetch_factor": 4 if workers > 0 else None,
+        # A generator of its own: a loader would otherwise draw its workers' base seed from the
+        # global one at every epoch's start, shifting the dropout masks of a resumed run.
+        "generator": torch.Generator().manual_seed(seed),
     }
+
+
+def check_datasets(config: DataConfig, pair: tuple[Dataset, Dataset]) -> None:
+    """Refuse, before any work, what the loader settings cannot do with these sets."""
+    if config.on_device and not isinstance(pair[0], TensorImages):
+        raise ConfigError(
+            f"data.on_device=true needs a data set held in memory (a TensorImages, as synthetic and cifar10 "
+            f"give), not a {type(pair[0]).__name__}: set data.on_device=false"
+        )
 
 
 def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
     """The training loader (resumable distributed sampler) and this rank's evaluation loader."""
-    train_base, val_base = make_datasets(config, seed)
+    train_base, val_base = build_datasets(config.dataset)
+    check_datasets(config, (train_base, val_base))
     train_set = KeyedDataset(train_base, seed, augmented=config.augment)
     val_set = KeyedDataset(val_base, seed, augmented=False)
     sampler = ResumableDistributedSampler(len(train_set), env, config.batch_size, seed)
-    options = loader_options(config, env)
+    options = loader_options(config, env, seed)
     shard = torch.utils.data.Subset(val_set, list(eval_shard(len(val_set), env.rank, env.world_size)))
-    if config.on_device:  # config.check() allows it for in-memory sets (TensorImages) only
-        train_loader: DataLoader | DeviceBatches = DeviceBatches(train_base, sampler, seed, config.augment, env.device)
+    if config.on_device:  # check_datasets allows it for in-memory sets (TensorImages) only
+        in_memory: TensorImages = train_base  # type: ignore[assignment]
+        train_loader: DataLoader | DeviceBatches = DeviceBatches(in_memory, sampler, seed, config.augment, env.device)
     else:
         train_loader = DataLoader(train_set, sampler=sampler, **options)
     return Data(

@@ -189,6 +189,18 @@ def all_gather_int(value: int, device: torch.device) -> list[int]:
     return [int(item.item()) for item in gathered]
 
 
+def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
+    """Every rank's bytes, in rank order (small payloads: generator states, say)."""
+    if not is_distributed():
+        return [data]
+    sizes = all_gather_int(len(data), device)
+    mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    gathered = [torch.empty_like(mine) for _ in sizes]
+    dist.all_gather(gathered, mine)
+    return [item[:size].cpu().numpy().tobytes() for item, size in zip(gathered, sizes, strict=True)]
+
+
 def broadcast_bytes(data: bytes | None, src: int, device: torch.device) -> bytes:
     """Rank `src`'s bytes on every rank (a file, say), through the training backend."""
     size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)

@@ -14,25 +14,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from .checkpoint import Checkpointer, find_compatible_checkpoint, load_checkpoint, restore
+from .components import build_model, build_task, check_components
 from .config import ConfigError, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
-from .data import build_data, check_data_available
-from .distributed import distributed, process_env
+from .data import build_data
+from .distributed import choose_backend, distributed, process_env
 from .evaluate import evaluate
 from .logs import setup_logging
-from .models import build_model
 from .preemption import Preempted
 from .rundir import register_resolvers
 from .trainer import build_trainer
 
 log = logging.getLogger(__name__)
 
-# Set by the launch scripts: validate the config and the launch, then exit before any work.
-CHECK_ONLY_ENV = "DDP_CHECK_ONLY"
-CHECK_GPUS_ENV = "DDP_CHECK_VISIBLE_GPUS"  # the GPUs a launch was given (GPUS=...), for that check
 USER_ERROR_EXIT = 2
 PREEMPTED_EXIT = 143  # 128 + SIGTERM, as a shell reports a process ended by it
 
@@ -56,31 +54,24 @@ def accept_legacy_local_rank(argv: list[str]) -> None:
 def prepare(argv: list[str]) -> None:
     """What train.py and eval.py do before Hydra parses the command line."""
     accept_legacy_local_rank(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and ("-m" in argv or "--multirun" in argv):
+        fail("-m under torchrun would make every rank run the whole sweep: use bash scripts/run_single.sh -m ...")
     register_configs()
     register_resolvers()
-    if os.environ.get(CHECK_ONLY_ENV):
-        check_composition(Path(argv[0]).resolve().parent / "configs", [a for a in argv[1:] if "hydra." not in a])
 
 
-def check_composition(config_dir: Path, overrides: list[str]) -> None:
-    """Compose the config as Hydra will; a mistake becomes one line saying what to change."""
-    from hydra import compose, initialize_config_dir
-
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            compose(config_name="train", overrides=overrides)
-    except Exception as error:  # Hydra's and OmegaConf's errors: several lines, made into one
-        text = f"{error}\n{error.__cause__ or ''}"
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        detail = lines[0].removeprefix("In 'train': ")
-        if any(line.startswith("Available options") for line in lines):
-            listed = lines[next(i for i, line in enumerate(lines) if line.startswith("Available options")) + 1 :]
-            choices = [line for line in listed if line.isidentifier() and not line.startswith("base_")]
-            detail += f"; choose one of: {', '.join(choices)}"
-        else:
-            noise = ("full_key", "object_type", "reference_type", "Set the environment")
-            detail += "".join(f": {line}" for line in lines[1:2] if not line.startswith(noise))
-        fail(f"{detail} (fix that override and launch again)")
+def check_launch(cfg: DictConfig, run_dir: Path | None, local_world_size: int, visible_gpus: int) -> None:
+    """What the launcher checks before torchrun starts, so that a mistake fails once, with one
+    line, not in every worker and every restart: the config, the backend for this many local
+    processes and GPUs, the model, data sets, optimizer and task, and the checkpoint the run dir
+    would resume from. Nothing is written."""
+    config = to_train_config(cfg)
+    choose_backend(config.dist.backend, visible_gpus, local_world_size, torch.distributed.is_mpi_available())
+    check_components(config)
+    folder = (run_dir if run_dir is not None else Path("outputs") / "(new run)") / "checkpoints"
+    checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False)
+    checkpoints.refuse_to_overwrite()
+    find_compatible_checkpoint(checkpoints, to_plain_dict(config))
 
 
 def fail(message: str) -> NoReturn:
@@ -104,16 +95,6 @@ def run_train(cfg: DictConfig) -> None:
     def body() -> None:
         config = to_train_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if os.environ.get(CHECK_ONLY_ENV):
-            gpus = os.environ.get(CHECK_GPUS_ENV)
-            process_env(
-                config.dist, int(gpus) if gpus else None
-            )  # also refuse a run dir whose checkpoints hold another model
-            check_data_available(config.data)
-            checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=False)
-            checkpoints.refuse_to_overwrite()
-            find_compatible_checkpoint(checkpoints, to_plain_dict(config))
-            return
         process_env(config.dist)  # an impossible backend fails here, before any process group
         with distributed(config.dist) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
@@ -140,11 +121,11 @@ def run_eval(cfg: DictConfig) -> None:
         process_env(config.dist)
         with distributed(config.dist) as env:
             setup_logging(None, env, config.log.all_ranks_console)
-            model = build_model(config.model, config.data.num_classes)
+            model = build_model(config.model)
             restore(model, payload, path)
             model.to(env.device)
             data = build_data(config.data, env, config.seed)
-            result = evaluate(model, data.val_loader, env.device)
+            result = evaluate(model, data.val_loader, build_task(config.task), env.device)
             log.info("evaluated %s (step %d) on %d processes", path, payload["step"], env.world_size)
             if env.is_main:
                 print(result.line(), flush=True)

@@ -13,10 +13,11 @@ import os
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .batch import model_forward, to_device
 from .config import TrainerConfig
+from .tasks import Classification
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -46,8 +47,10 @@ class StepRunner:
         config: TrainerConfig,
         device: torch.device,
         world_size: int,
+        task: Any = None,  # the loss per sample (tasks.py); classification when None
     ) -> None:
         self.ddp_model, self.optimizer, self.device, self.world_size = ddp_model, optimizer, device, world_size
+        self.task = task if task is not None else Classification()
         self.dtype = AUTOCAST_DTYPES[config.precision]
         self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
         self.clip_grad_norm = config.clip_grad_norm
@@ -61,18 +64,18 @@ class StepRunner:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def micro_step(
-        self, images: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, real_samples: int, sync: bool
+        self, inputs: Any, targets: Any, weights: torch.Tensor, real_samples: int, sync: bool
     ) -> torch.Tensor:
         """Forward and backward of one micro-batch (`sync` on the last one of the step only); its
         share of the step's loss, on the device: the step's loss is the sum of its micro-batches'."""
-        images = images.to(self.device, non_blocking=True, memory_format=self.memory_format)
-        labels = labels.to(self.device, non_blocking=True)
+        inputs = to_device(inputs, self.device, self.memory_format)
+        targets = to_device(targets, self.device)
         weights = weights.to(self.device, non_blocking=True)
         no_sync = getattr(self.ddp_model, "no_sync", None)  # a world of one has no DDP wrapper
         with no_sync() if no_sync is not None and not sync else contextlib.nullcontext():
             with self.autocast():
-                logits = self.ddp_model(images)
-            per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
+                outputs = model_forward(self.ddp_model, inputs)
+            per_sample = self.task.loss(outputs, targets)
             # DDP averages gradients over ranks; scaling by world_size / real_samples makes that
             # average the mean over exactly the real samples of the step's global batch (all its
             # micro-batches), also when the last one is short or uneven: padding (weight 0) adds nothing.

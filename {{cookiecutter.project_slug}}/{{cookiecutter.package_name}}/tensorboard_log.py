@@ -5,14 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# metrics.jsonl field -> TensorBoard tag
-TAGS = {
-    "train_loss": "train/loss",
-    "lr": "train/lr",
-    "samples_per_s": "train/samples_per_s",
-    "val_loss": "val/loss",
-    "val_acc": "val/acc",
-}
+# metrics.jsonl field -> TensorBoard tag; every val_<metric> of the task becomes val/<metric>.
+TAGS = {"train_loss": "train/loss", "lr": "train/lr", "samples_per_s": "train/samples_per_s"}
 
 
 class TensorBoardLog:
@@ -25,9 +19,10 @@ class TensorBoardLog:
         self.writer = SummaryWriter(log_dir=str(folder), purge_step=purge_step)
 
     def write(self, kind: str, values: dict[str, Any]) -> None:
-        for key, tag in TAGS.items():
-            if key in values:
-                self.writer.add_scalar(tag, values[key], global_step=values["step"])
+        for key, value in values.items():
+            tag = TAGS.get(key) or (f"val/{key[4:]}" if key.startswith("val_") and key != "val_samples" else None)
+            if tag is not None:
+                self.writer.add_scalar(tag, value, global_step=values["step"])
         self.writer.flush()
 
     def close(self) -> None:

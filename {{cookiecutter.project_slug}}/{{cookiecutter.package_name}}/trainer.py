@@ -13,14 +13,16 @@ from torch import nn
 
 from .checkpoint import Checkpointer, TrainState, agree_on_checkpoint, check_same_model, restore
 from .comm_hooks import hook_state_dict, register_comm_hook
+from .components import build_model, build_optimizer, build_task
 from .config import TrainConfig, to_plain_dict
 from .data import Data, build_data
 from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, weights_fingerprint, wrap_ddp
 from .evaluate import EvalResult, evaluate
 from .logs import MetricsLog, use_progress_bar
-from .models import build_model, count_parameters
-from .optim import build_optimizer, lr_at, set_lr
+from .models import count_parameters
+from .optim import lr_at, set_lr
 from .preemption import Preempted, StopOnSigterm
+from .randomness import gather_rank_states, restore_rank_state
 from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
 from .tensorboard_log import TensorBoardLog
@@ -58,6 +60,7 @@ class Trainer:
     plain_config: dict[str, Any]  # the config as a checkpoint stores it
     comm_hook: Any  # the PowerSGD hook, whose memory is checkpointed; None for the others
     step: StepRunner
+    task: Any  # the loss and the metrics (tasks.py)
 
     def components(self) -> dict[str, Any]:
         """Everything a checkpoint holds besides the TrainState counters."""
@@ -73,9 +76,11 @@ class Trainer:
     def save(self) -> None:
         started = time.perf_counter()
         hook_state = hook_state_dict(self.comm_hook)  # a collective when PowerSGD is on
+        rank_states = gather_rank_states(self.env.device)  # a collective: dropout and the like resume exactly
         if not self.checkpoints.is_writer:
             return
-        if self.checkpoints.save(self.state, {**self.components(), "comm_hook": hook_state}):
+        payload = {**self.components(), "comm_hook": hook_state, "rank_states": rank_states}
+        if self.checkpoints.save(self.state, payload):
             held_ms = 1e3 * (time.perf_counter() - started)
             log.info(
                 "checkpoint of step %d: training held %.1f ms, writing in the background", self.state.step, held_ms
@@ -121,14 +126,14 @@ class Trainer:
             batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {epoch}", leave=False)
         every_n, accum = config.checkpoint.every_n_steps, config.trainer.grad_accum_steps
         micro_left, micro, group = sampler.steps_left(), 0, 0  # micro-batches: left, done in this step, in it
-        for images, labels, weights, indices in batches:
+        for inputs, targets, weights, indices in batches:
             if micro == 0:  # a new optimizer step: accum micro-batches, fewer at the epoch's end
                 group = min(accum, micro_left)
                 real_samples = sampler.real_samples_in_step(state.samples_in_epoch, group)
                 progress = epoch + (state.samples_in_epoch + real_samples) / dataset_size
                 set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
             micro, micro_left = micro + 1, micro_left - 1
-            interval.loss_sum += self.step.micro_step(images, labels, weights, real_samples, sync=micro == group)
+            interval.loss_sum += self.step.micro_step(inputs, targets, weights, real_samples, sync=micro == group)
             if self.samples.enabled:
                 indices = indices[weights.cpu() > 0].tolist()
                 self.samples.write("samples", step=state.step + 1, epoch=epoch, indices=indices)
@@ -153,7 +158,7 @@ class Trainer:
 
     def validate(self) -> EvalResult:
         sync_buffers_from_rank_zero(self.model)
-        return evaluate(self.model, self.data.val_loader, self.env.device)
+        return evaluate(self.model, self.data.val_loader, self.task, self.env.device)
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
@@ -183,14 +188,7 @@ class Trainer:
             self.train_epoch(stop)
             elapsed = time.perf_counter() - started
             result = self.validate()
-            self.metrics.write(
-                "val",
-                step=state.step,
-                epoch=state.epoch,
-                val_loss=result.loss,
-                val_acc=result.accuracy,
-                val_samples=result.samples,
-            )
+            self.metrics.write("val", step=state.step, epoch=state.epoch, **result.record())
             log.info(
                 "epoch %d/%d done in %.1f s (%.0f samples/s): %s",
                 state.epoch + 1,
@@ -209,7 +207,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
     data = build_data(config.data, env, config.seed)
-    model = build_model(config.model, config.data.num_classes)
+    task = build_task(config.task)
+    model = build_model(config.model)
     if config.ddp.sync_batchnorm and env.world_size > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model.to(env.device, memory_format=torch.channels_last if config.trainer.channels_last else torch.preserve_format)
@@ -244,7 +243,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     samples = MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", enabled=config.trainer.record_samples)
     log.info(
         "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",
-        config.model.name,
+        config.model["_target_"],
         count_parameters(model),
         env.device,
         env.backend,
@@ -254,10 +253,14 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     # The compiled module shares the model's parameters; checkpoints keep the plain model's names.
     ddp_model = wrap_ddp(torch.compile(model) if config.trainer.compile else model, config.ddp, env)
     hook_state = register_comm_hook(ddp_model, config.ddp, found[1].get("comm_hook") if found else None, env)
-    step = StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size)
+    step = StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size, task)
     if found is not None:
         step.load_state_dict(found[1].get("grad_scaler", {}))
+    # Last, so that nothing above draws from them: each rank's generators (dropout and the like).
+    saved_states = found[1].get("rank_states") if found else None
+    if not restore_rank_state(saved_states, config.seed, state.step, env.rank, env.world_size, env.device) and found:
+        log.info("generator states seeded afresh for %d processes: other dropout masks than saved", env.world_size)
     return Trainer(
         config, env, run_dir, model, optimizer, data, checkpoints, metrics, samples, state, plain_config,
-        hook_state, step,
+        hook_state, step, task,
     )  # fmt: skip

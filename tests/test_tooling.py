@@ -1,0 +1,138 @@
+"""The tools around the template agree with each other: one ruff, offline hooks, a valid CI, cruft."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_template import TEMPLATE, bake
+
+# The tools requirements-dev.txt installs sit beside this Python, whether or not the venv is activated.
+TOOLS_DIR = Path(sys.executable).parent
+GIT_IDENTITY = ["-c", "user.name=Template Test", "-c", "user.email=test@example.com"]
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=os.pathsep.join([str(TOOLS_DIR), os.environ.get("PATH", "")]))
+    assert found, f"{name} is not installed: pip install -r requirements-dev.txt"
+    return found
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def git(cwd: Path, *args: str) -> None:
+    proc = run(["git", *GIT_IDENTITY, *args], cwd)
+    assert proc.returncode == 0, proc.stderr
+
+
+def offline_env(tmp_path: Path) -> dict[str, str]:
+    """The tools on PATH, an empty pre-commit cache, and every way to the network closed."""
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([str(TOOLS_DIR), os.environ.get("PATH", "")]),
+        "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-cache"),
+        "GIT_ALLOW_PROTOCOL": "file",
+        "PIP_NO_INDEX": "1",
+        **{proxy: "http://127.0.0.1:9" for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")},
+    }
+
+
+def pinned_ruff(text: str) -> str:
+    pins = re.findall(r"\bruff==([\w.]+)", text)
+    assert len(pins) == 1, f"expected one exact ruff pin, found {pins}"
+    return pins[0]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_pre_commit_passes_offline_on_a_fresh_project(tmp_path: Path) -> None:
+    project = bake(tmp_path / "bake", {"git_init": "yes"})
+    proc = run([sys.executable, "-m", "pre_commit", "run", "--all-files"], project, env=offline_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for hook in ("ruff check --fix", "ruff format", "check yaml", "fix end of files", "trim trailing whitespace"):
+        assert re.search(rf"^{re.escape(hook)}\.+Passed$", proc.stdout, flags=re.MULTILINE), proc.stdout
+    status = run(["git", "status", "--porcelain"], project)
+    assert status.stdout == "", "the hooks changed files of a fresh project"
+
+
+def test_ruff_is_pinned_to_one_version_everywhere(tmp_path: Path) -> None:
+    project = bake(tmp_path, {})
+    pin = pinned_ruff((TEMPLATE / "requirements-dev.txt").read_text())
+    assert pinned_ruff((project / "pyproject.toml").read_text()) == pin
+    installed = run([tool("ruff"), "--version"], tmp_path).stdout.split()
+    assert installed == ["ruff", pin], "the installed ruff is not the pinned one: pip install -r requirements-dev.txt"
+
+
+def test_template_root_passes_its_own_ruff_check() -> None:
+    proc = run([sys.executable, "-m", "ruff", "check", "."], TEMPLATE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = run([sys.executable, "-m", "ruff", "check", "--show-files", "."], TEMPLATE).stdout
+    for own_code in ("hooks/post_gen_project.py", "hooks/pre_gen_project.py", "tests/test_template.py"):
+        assert str(TEMPLATE / own_code) in listed, f"ruff skips {own_code}"
+
+
+@pytest.mark.parametrize("python_version", json.loads((TEMPLATE / "cookiecutter.json").read_text())["python_version"])
+def test_ci_workflow_passes_actionlint_and_runs_the_project_checks(tmp_path: Path, python_version: str) -> None:
+    project = bake(tmp_path, {"python_version": python_version})
+    workflow = project / ".github" / "workflows" / "ci.yml"
+    proc = run([tool("actionlint"), "-no-color", str(workflow)], project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = yaml.safe_load(workflow.read_text())["jobs"]["lint-and-test"]["steps"]
+    setup = next(step for step in steps if step.get("uses", "").startswith("actions/setup-python@"))
+    assert setup["with"]["python-version"] == python_version
+    commands = [step["run"] for step in steps if "run" in step]
+    assert commands[0].startswith('python -m pip install -e ".[dev]"')
+    assert commands[1:] == ["ruff check .", "ruff format --check .", 'python -m pytest -m "not slow"']
+
+
+def test_replay_file_holds_answers_and_no_machine_paths(tmp_path: Path) -> None:
+    project = bake(tmp_path, {"project_name": "Replayed"})
+    answers = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]
+    assert answers["project_slug"] == "replayed"
+    for key, value in answers.items():
+        assert not key.startswith("_"), f"{key} is cookiecutter's, not an answer"
+        assert not str(value).startswith("/"), f"{key}={value!r}"
+        for machine_path in (str(tmp_path), str(TEMPLATE)):
+            assert machine_path not in str(value), f"{key}={value!r}"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: Path) -> None:
+    # The working tree, not HEAD: cruft clones the template, so uncommitted edits must be committed in a copy.
+    template = tmp_path / "template"
+    ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", ".ruff_cache")
+    for folder in ("hooks", "{{cookiecutter.project_slug}}"):
+        shutil.copytree(TEMPLATE / folder, template / folder, ignore=ignore)
+    shutil.copy(TEMPLATE / "cookiecutter.json", template)
+    git(template, "init", "-q")
+    git(template, "add", "-A")
+    git(template, "commit", "-q", "-m", "template")
+
+    cruft = [sys.executable, "-m", "cruft"]
+    created = run([*cruft, "create", str(template), "--no-input", "--output-dir", str(tmp_path)], tmp_path)
+    assert created.returncode == 0, created.stdout + created.stderr
+    project = tmp_path / "ddp_project"
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "project")
+    assert run([*cruft, "check"], project).returncode == 0
+
+    line = "A line the template gained after the project was made."
+    with (template / "{{cookiecutter.project_slug}}" / "README.md").open("a") as readme:
+        readme.write(f"\n{line}\n")
+    git(template, "commit", "-q", "-am", "README: one more line")
+    assert run([*cruft, "check"], project).returncode != 0, "cruft should see the project is behind"
+
+    updated = run([*cruft, "update", "--skip-apply-ask"], project)
+    assert updated.returncode == 0, updated.stdout + updated.stderr
+    assert line in (project / "README.md").read_text(), updated.stdout + updated.stderr
+    assert not list(project.rglob("*.rej")), updated.stdout + updated.stderr
+    assert run([*cruft, "check"], project).returncode == 0

@@ -1,0 +1,94 @@
+"""The language model, the second built-in task: it learns, resumes bit-exactly, evaluates exactly."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.datasets import stdlib_sources, text
+
+from .conftest import PYTHON, read_metrics, run, torchrun
+from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
+
+pytestmark = pytest.mark.slow
+
+# 2 processes x 12 windows a step, 100 steps an epoch; dropout on, so the generator states matter.
+LM = ["task=language_model", "data.train_samples=2400", "data.val_samples=301", "model.dropout=0.1",
+      "trainer.log_every_n_steps=10", "checkpoint.every_n_steps=10", "checkpoint.keep_last=20"]  # fmt: skip
+
+
+def unigram_entropy_nats(data: torch.Tensor) -> float:
+    counts = torch.bincount(data.long(), minlength=256).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+def test_text_splits_the_corpus_by_file_and_draws_windows_per_sample() -> None:
+    files = stdlib_sources()
+    assert len(files) > 100 and all(path.suffix == ".py" for path in files)
+    train, val = text(None, block_size=64, train_samples=10, val_samples=5)
+    assert len(train.data) > 3 * len(val.data) > 0, "every 10th file is validation"
+    from {{cookiecutter.package_name}}.randomness import building_sample
+
+    with building_sample(0, 1, 3):
+        x, y = train[3]
+    with building_sample(0, 1, 3):
+        again, _ = train[3]
+    with building_sample(0, 2, 3):
+        other, _ = train[3]
+    assert x.shape == y.shape == (64,) and torch.equal(x[1:], y[:-1])
+    assert torch.equal(x, again) and not torch.equal(x, other), "a window is a function of (seed, epoch, index)"
+    assert torch.equal(val[2][0], val[2][0])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("lm") / "reference"
+    code, output = finish(start(run_dir, 2, *LM, "trainer.epochs=2"))
+    assert code == 0, output[-3000:]
+    return run_dir
+
+
+def test_language_model_learns_well_below_the_unigram_entropy(reference: Path) -> None:
+    _, val = text(None, block_size=64, train_samples=1, val_samples=1)
+    entropy = unigram_entropy_nats(val.data)
+    final = [r for r in read_metrics(reference) if r["kind"] == "val"][-1]
+    assert final["val_loss"] < 0.8 * entropy, (final, entropy)
+    assert final["val_bpb"] == pytest.approx(final["val_loss"] / math.log(2))
+    assert final["val_samples"] == 301
+
+
+def test_language_model_resumes_bit_identically_after_sigkill(reference: Path, tmp_path: Path) -> None:
+    proc = start(tmp_path, 2, *LM, "trainer.epochs=2")
+    wait_for(lambda: 30 in steps_saved(tmp_path), "the checkpoint of step 30")
+    os.kill(worker_pid(tmp_path, 0), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0 and "resumed from" in output, output[-3000:]
+    assert_bit_identical(reference, tmp_path, step=200)
+
+
+def test_language_model_evaluation_is_identical_at_any_world_size(reference: Path) -> None:
+    checkpoint = reference / "checkpoints" / "step_00000200.pt"
+    lines = {nproc: torchrun("eval.py", nproc, f"ckpt_path={checkpoint}").stdout.strip().splitlines()[-1]
+             for nproc in (1, 2, 3)}  # fmt: skip
+    assert re.fullmatch(r"val_loss=[\d.]+ val_bpb=[\d.]+ val_samples=301", lines[1]), lines
+    assert lines[1] == lines[2] == lines[3]
+
+
+def test_language_model_metrics_reach_the_plot{% if cookiecutter.tensorboard == "yes" %}_and_tensorboard{% endif %}(reference: Path) -> None:
+    proc = run([PYTHON, "scripts/plot_metrics.py", str(reference)])
+    assert proc.stdout.strip().endswith("metrics.png") and (reference / "metrics.png").stat().st_size > 10_000
+{%- if cookiecutter.tensorboard == "yes" %}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(reference / "tb"))
+    events.Reload()
+    assert {"val/loss", "val/bpb"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("val/bpb")] == [100, 200]
+{%- endif %}

@@ -1,0 +1,177 @@
+"""The built-in data sets, each a `data.dataset._target_` that returns a (train, val) pair.
+
+Items are `(input, target)`. A user's own data set is a function like these in a file of their
+own (see the README, "Your own model and data"); the loaders, the resumable sampler and exact
+evaluation work for any map-style pair.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from .config import ConfigError
+from .randomness import current_sample, sample_seed
+
+
+def normalise(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels to floats of mean about 0 and spread about 1."""
+    return (images_uint8.float() / 255.0 - 0.5) / 0.25
+
+
+class TensorImages(Dataset):
+    """Images held in memory as one (N, C, H, W) tensor with integer labels (what
+    `data.on_device` can keep on the GPU)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        return (normalise(image) if image.dtype == torch.uint8 else image), int(self.labels[index])
+
+
+def synthetic_images(
+    num_classes: int, image_size: int, train_size: int, val_size: int, seed: int
+) -> tuple[TensorImages, TensorImages]:
+    """A learnable set made from the seed: smooth class prototypes plus per-sample noise."""
+    for key, value, least in (("train_size", train_size, 1), ("val_size", val_size, 1), ("image_size", image_size, 8)):
+        if value < least:
+            raise ConfigError(f"data.{key} must be >= {least}, got {value}")
+    prototypes_rng = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(num_classes, 3, 4, 4, generator=prototypes_rng)
+    prototypes = F.interpolate(coarse, size=(image_size, image_size), mode="bilinear", align_corners=False)
+
+    def draw(count: int, stream: int) -> TensorImages:
+        rng = torch.Generator().manual_seed(seed * 1000 + stream)
+        labels = torch.randint(num_classes, (count,), generator=rng)
+        noise = torch.randn(count, 3, image_size, image_size, generator=rng)
+        return TensorImages(prototypes[labels] * 0.2 + noise, labels)
+
+    return draw(train_size, 1), draw(val_size, 2)
+
+
+CIFAR_DIR = "cifar-10-batches-py"
+CIFAR_TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+CIFAR_TEST_FILES = ["test_batch"]
+
+
+def read_cifar_batches(folder: Path, names: Sequence[str]) -> TensorImages:
+    """CIFAR-10's python format: pickled dicts of uint8 rows (3x32x32) and labels."""
+    images, labels = [], []
+    for name in names:
+        with open(folder / name, "rb") as file:
+            batch = pickle.load(file, encoding="latin1")  # the data set's own format
+        images.append(torch.as_tensor(batch["data"], dtype=torch.uint8).reshape(-1, 3, 32, 32))
+        labels.append(torch.as_tensor(batch["labels"], dtype=torch.long))
+    return TensorImages(torch.cat(images), torch.cat(labels))
+
+
+def cifar10(root: str, download: bool = False, image_size: int = 32) -> tuple[TensorImages, TensorImages]:
+    """CIFAR-10 in its python format under root/cifar-10-batches-py/; downloaded only if asked."""
+    if image_size != 32:
+        raise ConfigError(f"data.image_size={image_size} but cifar10 images are 32x32")
+    folder = Path(root) / CIFAR_DIR
+    missing = [name for name in CIFAR_TRAIN_FILES + CIFAR_TEST_FILES if not (folder / name).is_file()]
+    if missing and not download:
+        raise ConfigError(
+            f"CIFAR-10 not found: {folder} lacks {', '.join(missing)}; put the python-version files "
+            f"there or set data.download=true"
+        )
+    if missing:
+        from torchvision.datasets import CIFAR10
+
+        CIFAR10(root, train=True, download=True)
+    return read_cifar_batches(folder, CIFAR_TRAIN_FILES), read_cifar_batches(folder, CIFAR_TEST_FILES)
+
+
+def image_folder(root: str, image_size: int, num_classes: int) -> tuple[Dataset, Dataset]:
+    """A local tree root/train/<class>/* and root/val/<class>/*, resized to image_size."""
+    from torchvision import datasets, transforms
+
+    for split in ("train", "val"):
+        if not (Path(root) / split).is_dir():
+            raise ConfigError(
+                f"image_folder: {Path(root) / split} does not exist; set data.root to a folder with train/ and val/"
+            )
+    transform = transforms.Compose([transforms.Resize((image_size, image_size)), transforms.PILToTensor(), normalise])
+    train, val = (datasets.ImageFolder(str(Path(root) / split), transform=transform) for split in ("train", "val"))
+    if train.classes != val.classes or len(train.classes) != num_classes:
+        raise ConfigError(
+            f"image_folder: train/ has {len(train.classes)} classes, val/ has {len(val.classes)}, "
+            f"data.num_classes={num_classes}: make them agree"
+        )
+    return train, val
+
+
+def stdlib_sources() -> list[Path]:
+    """The Python standard library's own .py files (tests and site-packages left out): a text
+    corpus every machine has."""
+    root = sysconfig.get_paths()["stdlib"]
+    return sorted(
+        Path(folder) / name
+        for folder, _, names in os.walk(root)
+        if "site-packages" not in folder and "test" not in folder
+        for name in names
+        if name.endswith(".py")
+    )
+
+
+def text_files(root: str | None) -> list[Path]:
+    """The corpus: a folder (every file below it), a glob pattern, or None for the stdlib's sources."""
+    if root is None:
+        return stdlib_sources()
+    if any(char in root for char in "*?["):
+        return sorted(Path(path) for path in glob.glob(root, recursive=True) if Path(path).is_file())
+    folder = Path(root)
+    if not folder.is_dir():
+        raise ConfigError(f"data.root={root} is neither a folder nor a glob pattern that matches files")
+    return sorted(path for path in folder.rglob("*") if path.is_file())
+
+
+class TextWindows(Dataset):
+    """Windows of block_size + 1 bytes of a corpus: (bytes, the same shifted by one) as int64.
+
+    Training windows start at a random offset drawn from the sample's (seed, epoch, index), so
+    each epoch sees `samples` fresh windows; evaluation windows are `samples` evenly spaced
+    ones, the same every time.
+    """
+
+    def __init__(self, data: torch.Tensor, block_size: int, samples: int, random_offsets: bool) -> None:
+        if len(data) < block_size + 2:
+            raise ConfigError(f"data.block_size={block_size} is longer than a text split of {len(data)} bytes")
+        self.data, self.block_size, self.samples, self.random_offsets = data, block_size, samples, random_offsets
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = len(self.data) - self.block_size - 1
+        start = sample_seed(*current_sample()) % starts if self.random_offsets else index * starts // self.samples
+        window = self.data[start : start + self.block_size + 1].long()
+        return window[:-1], window[1:]
+
+
+def text(
+    root: str | None, block_size: int, train_samples: int, val_samples: int, val_every: int = 10
+) -> tuple[TextWindows, TextWindows]:
+    """Bytes of local text files; every `val_every`-th file (sorted by path) is validation."""
+    files = text_files(root)
+    if len(files) < 2:
+        raise ConfigError(f"data.root={root}: found {len(files)} file(s); a text corpus needs at least 2")
+    splits: tuple[bytearray, bytearray] = (bytearray(), bytearray())
+    for number, path in enumerate(files):
+        splits[number % val_every == 0].extend(path.read_bytes())
+    train, val = (torch.frombuffer(split, dtype=torch.uint8) for split in splits)
+    return TextWindows(train, block_size, train_samples, True), TextWindows(val, block_size, val_samples, False)

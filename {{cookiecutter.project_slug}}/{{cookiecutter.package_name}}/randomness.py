@@ -1,0 +1,123 @@
+"""Randomness that resumes bit-exactly: per sample from (seed, epoch, index), per rank in checkpoints.
+
+- Data: while the loader builds a sample, the sample's key (seed, epoch, index) is known to the
+  data set. A random transform inside `with seeded_by_sample():` draws from torch's, Python's
+  and NumPy's global generators seeded from that key (and put back afterwards), so it draws the
+  same numbers for the same sample of the same epoch whatever the world size, the number of
+  DataLoader workers, or a resume in between; torchvision's transforms included.
+  `sample_generator()` gives an explicit torch.Generator seeded the same way. (Seeding costs tens
+  of microseconds a sample, so it is done where a data set asks for it, not for every sample.)
+- Model: dropout and other randomness in the forward draw from each rank's global generators,
+  whose states go into every checkpoint (`rank_states`) and come back on resume at the same world
+  size. On another world size they are seeded afresh from (seed, step, rank): the run continues
+  correctly, with other dropout masks than an uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import numpy as np
+import torch
+
+MASK64 = (1 << 64) - 1
+EVAL_EPOCH = -1  # the "epoch" of evaluation samples: their randomness, if any, is fixed
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 64-bit number from (seed, epoch, index): splitmix64's finaliser."""
+    x = (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB + 1) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+_current_sample: ContextVar[tuple[int, int, int] | None] = ContextVar("current_sample", default=None)
+
+
+def current_sample() -> tuple[int, int, int]:
+    """(seed, epoch, index) of the sample being built; evaluation samples have epoch -1."""
+    key = _current_sample.get()
+    if key is None:
+        raise RuntimeError("current_sample() is only known while the project's loader builds a sample")
+    return key
+
+
+def sample_generator(device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch.Generator seeded from the current sample's (seed, epoch, index)."""
+    return torch.Generator(device).manual_seed(sample_seed(*current_sample()) & (MASK64 >> 1))
+
+
+@contextlib.contextmanager
+def building_sample(seed: int, epoch: int, index: int) -> Iterator[None]:
+    """Make (seed, epoch, index) the current sample's key while the data set builds it."""
+    token = _current_sample.set((seed, epoch, index))
+    try:
+        yield
+    finally:
+        _current_sample.reset(token)
+
+
+@contextlib.contextmanager
+def seeded_by_sample() -> Iterator[None]:
+    """Inside a data set's __getitem__: the global generators seeded from the current sample's
+    key for the block, their states put back afterwards."""
+    draw = sample_seed(*current_sample())
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(draw & (MASK64 >> 1))
+        random.seed(draw)
+        np.random.seed(draw & 0xFFFFFFFF)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+def seed_rank(seed: int, step: int, rank: int) -> None:
+    """Fresh generator states for one rank: each rank draws its own dropout masks."""
+    draw = sample_seed(seed, step, -1 - rank)
+    torch.manual_seed(draw & (MASK64 >> 1))
+    random.seed(draw)
+
+
+def rank_state(device: torch.device) -> dict[str, Any]:
+    """This rank's generator states, as tensors and plain values (what a checkpoint may hold)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def load_rank_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def gather_rank_states(device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's generator states, in rank order (a collective: all ranks call it)."""
+    from .distributed import all_gather_bytes
+
+    buffer = io.BytesIO()
+    torch.save(rank_state(device), buffer)
+    return [torch.load(io.BytesIO(data), weights_only=True) for data in all_gather_bytes(buffer.getvalue(), device)]
+
+
+def restore_rank_state(saved: list[dict[str, Any]] | None, seed: int, step: int, rank: int, world_size: int,
+                       device: torch.device) -> bool:  # fmt: skip
+    """This rank's saved generator states when the world size is the one they were saved at
+    (True); otherwise fresh states from (seed, step, rank) (False)."""
+    if saved and len(saved) == world_size:
+        load_rank_state(saved[rank], device)
+        return True
+    seed_rank(seed, step, rank)
+    return False
