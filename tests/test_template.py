@@ -89,6 +89,7 @@ EXPECTED_FILES = {
     "tests/test_own_model.py",
     "tests/test_language_model.py",
     "tests/test_launch.py",
+    "tests/test_checkpointer.py",
     "tests/test_step.py",
     "tests/accumulation_probe.py",
 }

@@ -68,7 +68,7 @@ def compose(args: argparse.Namespace, world_size: int, run_dir: Path):
     register_configs()
     register_resolvers()
     overrides = [
-        f"model={args.model}", "data=synthetic", f"data.batch_size={args.batch}",
+        "task=classification", f"model={args.model}", "data=synthetic", f"data.batch_size={args.batch}",
         f"data.train_size={args.batch * world_size * args.steps}", f"data.val_size={world_size}",
         f"data.image_size={args.image_size}", f"data.on_device={args.on_device}",
         f"trainer.precision={args.precision}", f"trainer.channels_last={args.channels_last}",

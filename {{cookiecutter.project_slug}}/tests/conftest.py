@@ -21,6 +21,7 @@ PYTHON = sys.executable
 
 # A small job: a couple of seconds per epoch on two CPU processes (whatever the project's defaults).
 SMALL = [
+    "task=classification",
     "model=small_cnn",
     "data=synthetic",
     "data.train_size=1024",
@@ -31,12 +32,16 @@ SMALL = [
 ]
 
 
-def compose_config(overrides: list[str] | None = None, name: str = "train") -> DictConfig:
-    """The config exactly as train.py composes it, with the given overrides."""
+def compose_config(overrides: list[str] | None = None, name: str = "train", classification: bool = True) -> DictConfig:
+    """The config exactly as train.py composes it, with the given overrides (and, unless they name
+    a task or `classification` is off, task=classification: what the image tests assume)."""
     register_configs()
     register_resolvers()
+    overrides = list(overrides or [])
+    if classification and not any(item.startswith("task=") for item in overrides):
+        overrides.insert(0, "task=classification")
     with initialize_config_dir(config_dir=str(PROJECT_DIR / "configs"), version_base="1.3"):
-        return compose(config_name=name, overrides=overrides or [])
+        return compose(config_name=name, overrides=overrides)
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:

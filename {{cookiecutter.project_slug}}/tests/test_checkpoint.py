@@ -207,7 +207,7 @@ def test_sigterm_saves_at_the_next_step_and_a_relaunch_continues_exactly(referen
     wait_for(lambda: 16 in steps_saved(run_dir), "the end of the first epoch")
     os.killpg(proc.pid, signal.SIGTERM)  # like a scheduler: torchrun gets SIGTERM and passes it on
     code, output = finish(proc)
-    assert code != 0
+    assert code == 143, "128 + SIGTERM: a batch script requeues on it"
     assert "stopped by SIGTERM after step" in output
     stopped_at = steps_saved(run_dir)[-1]
     assert 16 < stopped_at < LAST_STEP, steps_saved(run_dir)
@@ -282,3 +282,69 @@ def test_resume_from_a_path_and_never_over_existing_checkpoints(reference: Path,
     assert steps_saved(run_dir) == [45, 48], "a refused launch must not touch the run"
     missing = run(["bash", "scripts/run_single.sh", f"checkpoint.resume={tmp_path / 'nope.pt'}"], expect_ok=False)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def torchrun_agent(launcher_pid: int) -> int:
+    found = subprocess.run(["pgrep", "-P", str(launcher_pid), "-f", "torch.distributed.run"], capture_output=True,
+                           text=True).stdout.split()  # fmt: skip
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+@pytest.mark.parametrize(("target", "signum", "code"), [("agent", signal.SIGTERM, 143), ("group", signal.SIGINT, 130)])
+def test_a_signal_to_the_agent_or_ctrl_c_saves_at_the_next_step(tmp_path: Path, target: str, signum, code: int) -> None:
+    proc = start(tmp_path, 2, *JOB, "checkpoint.every_n_steps=0")
+    wait_for(lambda: 16 in steps_saved(tmp_path), "the end of the first epoch")
+    if target == "agent":  # what some schedulers signal: torchrun itself, not the launch script
+        os.kill(torchrun_agent(proc.pid), signum)
+    else:  # Ctrl-C: the terminal signals the whole foreground group
+        os.killpg(proc.pid, signum)
+    returned, output = finish(proc)
+    assert returned == code, output[-3000:]
+    assert f"stopped by {signal.Signals(signum).name} after step" in output
+    assert 16 < steps_saved(tmp_path)[-1] < LAST_STEP, "a checkpoint at the step it stopped"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie is gone
+
+
+@pytest.mark.parametrize("victim", ["agent", "launcher"])
+def test_sigkill_of_the_agent_takes_its_workers_and_a_relaunch_resumes_alone(
+    reference: Path, tmp_path: Path, victim: str
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, 2, *JOB)
+    wait_for(lambda: 10 in steps_saved(run_dir), "the checkpoint of step 10")
+    workers = [worker_pid(run_dir, rank) for rank in (0, 1)]
+    os.kill(torchrun_agent(proc.pid) if victim == "agent" else proc.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: not any(alive(pid) for pid in workers), "the workers to die with their agent", timeout=15)
+    assert time.monotonic() - killed_at < 15
+    finish(proc)
+    steps_after = steps_saved(run_dir)
+    time.sleep(1)
+    assert steps_saved(run_dir) == steps_after, "nothing written after the kill"
+    if victim == "agent":  # the relaunch is the same either way: once is enough
+        run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB])
+        assert_bit_identical(reference, run_dir)
+
+
+def test_a_diverging_resume_stops_naming_the_step_and_keeps_finite_checkpoints(reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    name = "step_00000040.pt"
+    (run_dir / "checkpoints" / name).write_bytes((reference / "checkpoints" / name).read_bytes())
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB, "optim.lr=1e20"],
+               expect_ok=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.match(r"error: training diverged by step \d+: the (loss is (nan|inf)|weights are not finite)", last), last
+    assert "Traceback" not in proc.stdout + proc.stderr and starts_logged(run_dir) == 1, "stopped once, no restart"
+    for path in list_checkpoints(run_dir / "checkpoints"):
+        weights = load_checkpoint(path)["model"].values()
+        assert all(torch.isfinite(tensor).all() for tensor in weights if tensor.is_floating_point()), path

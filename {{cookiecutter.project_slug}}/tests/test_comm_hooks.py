@@ -62,7 +62,7 @@ def test_powersgd_resumes_after_sigkill_from_its_saved_state(tmp_path) -> None:
 def test_gpus_key_is_checked_against_the_backend_before_torchrun(keys: list[str], message: str) -> None:
     launch = plan("single", parse_args(keys, "single"), {}, {})
     with pytest.raises(LaunchError, match=re.escape(message)):
-        preflight(["data=synthetic", "model=small_cnn", "dist.backend=nccl"], None, launch)
+        preflight(["task=classification", "data=synthetic", "model=small_cnn", "dist.backend=nccl"], None, launch)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from {{cookiecutter.package_name}}.data import (
 from {{cookiecutter.package_name}}.distributed import DistEnv
 from {{cookiecutter.package_name}}.randomness import sample_seed, seeded_by_sample
 
-from .conftest import compose_config
+from .conftest import compose_config, run
 
 
 def env(rank: int, world_size: int) -> DistEnv:
@@ -255,3 +255,52 @@ def test_a_users_random_transform_is_a_function_of_seed_epoch_and_index(workers:
     assert all(torch.equal(one[i], three[i]) for i in one), "same draws at any world size and worker count"
     assert not torch.equal(one[0], by_index(1, epoch=3, num_workers=0)[0]), "another epoch, other draws"
     assert len({tuple(t.tolist()) for t in one.values()}) == 40, "each sample its own draws"
+
+
+@pytest.mark.parametrize("fault", ["empty class folder", "empty file", "class count"])
+def test_an_image_tree_that_would_fail_mid_epoch_is_refused_naming_the_folder_or_file(tmp_path, fault: str) -> None:
+    write_image_tree(tmp_path, classes=3, per_class=2)
+    if fault == "empty class folder":
+        (tmp_path / "val" / "class_4").mkdir()
+        (tmp_path / "train" / "class_4").mkdir()
+        for image in (tmp_path / "val" / "class_4").glob("*"):
+            image.unlink()
+        (tmp_path / "train" / "class_4" / "1.png").write_bytes((tmp_path / "train" / "class_0" / "0.png").read_bytes())
+        expected, classes = f"{tmp_path / 'val' / 'class_4'} holds no images", 4
+    elif fault == "empty file":
+        (tmp_path / "train" / "class_1" / "0.png").write_bytes(b"")
+        expected, classes = f"{tmp_path / 'train' / 'class_1' / '0.png'} is an empty file", 3
+    else:
+        expected, classes = f"{tmp_path / 'train'} has 3 class folders, data.num_classes=5", 5
+    overrides = ["data=image_folder", f"data.root={tmp_path}", f"data.num_classes={classes}"]
+    config = to_train_config(compose_config(overrides))
+    with pytest.raises(ConfigError) as error:
+        build_datasets(config.data.dataset)
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_truncated_jpeg_met_mid_epoch_stops_the_job_once_naming_the_file(tmp_path) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label in range(2):
+            folder = tmp_path / "images" / split / f"class_{label}"
+            folder.mkdir(parents=True)
+            for i in range(8):
+                pixels = rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=95)
+    broken = tmp_path / "images" / "train" / "class_0" / "3.jpg"  # neither the first nor the last item
+    broken.write_bytes(broken.read_bytes()[:300])
+    run_dir = tmp_path / "run"
+    data = ["data=image_folder", f"data.root={tmp_path / 'images'}", "data.num_classes=2", "data.image_size=16",
+            "data.num_workers=1", "data.batch_size=4"]  # fmt: skip
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", "model=small_cnn", *data,
+                "trainer.epochs=1"], expect_ok=False, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: data set item 3") and str(broken) in last and "truncated" in last, last
+    assert "Traceback" not in proc.stdout + proc.stderr, "the traceback goes to the rank's log file"
+    logs = "".join(path.read_text() for path in (run_dir / "logs").glob("rank_*.log"))
+    assert "Traceback" in logs and logs.count("run dir:") == 2, "one start per rank: torchrun restarted nobody"

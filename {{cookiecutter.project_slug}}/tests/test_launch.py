@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from {{cookiecutter.package_name}}.launch import (
     KEYS,
     LaunchError,
+    lock_run_dir,
     parse_args,
     plan,
     preflight,
@@ -134,7 +136,7 @@ def test_a_taken_port_is_refused_on_node_zero() -> None:
 def test_preflight_refuses_bad_config_with_one_line(overrides: list[str], message: str) -> None:
     launch = planned("single", "NPROC_PER_NODE=2")
     with pytest.raises(LaunchError) as error:
-        preflight(["data=synthetic", "model=small_cnn", *overrides], None, launch)
+        preflight(["task=classification", "data=synthetic", "model=small_cnn", *overrides], None, launch)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -257,3 +259,17 @@ def test_an_optuna_sweep_runs_one_torchrun_job_per_trial(tmp_path: Path) -> None
     assert "best trial:" in first.stdout and (sweep_dir / "results.md").read_text().count("| done |") == 2
     again = run(command)
     assert again.stdout.count("done before, not trained again") == 2
+
+
+def test_a_second_launch_on_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    holder = lock_run_dir(run_dir)  # this test process plays the first job
+    try:
+        with pytest.raises(LaunchError, match=r"run dir .*run is in use by \S+ pid \d+ since 20"):
+            lock_run_dir(run_dir)
+        proc = run(["bash", "scripts/run_single.sh", f"RUN_DIR={run_dir}", *SMALL], expect_ok=False, timeout=120)
+        assert proc.returncode == 2 and f"is in use by {socket.gethostname()} pid" in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and not (run_dir / "logs").exists(), "nothing of the second job ran"
+    finally:
+        os.close(holder)
+    os.close(lock_run_dir(run_dir))  # released with its holder: never stale

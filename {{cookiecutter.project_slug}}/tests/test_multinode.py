@@ -245,3 +245,17 @@ def test_two_nodes_in_network_namespaces_over_a_real_address(two_hosts) -> None:
         assert "world size 2" in outputs[0]
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_node_zero_alone_says_what_it_waits_for_and_gives_up_in_bounded_time() -> None:
+    port = free_port()
+    started = time.monotonic()
+    proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=0", "NNODES=2", "MASTER_ADDR=127.0.0.1",
+                f"MASTER_PORT={port}", "NPROC_PER_NODE=1", "WAIT_FOR_NODES_S=20", *JOB], expect_ok=False)  # fmt: skip
+    waited = time.monotonic() - started
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"waiting for all of NNODES=2 nodes to join at 127.0.0.1:{port}" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: not all NNODES=2 nodes joined node 0's rendezvous")
+    assert "Traceback" not in proc.stdout + proc.stderr and waited < 60, waited
+    assert subprocess.run(["pgrep", "-f", f"MASTER_PORT={port}|master-port={port}"]).returncode == 1, "nothing left"

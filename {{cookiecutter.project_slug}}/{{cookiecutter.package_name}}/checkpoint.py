@@ -25,7 +25,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from .config import CheckpointConfig, ConfigError
+from .config import CheckpointConfig, ConfigError, JobError, first_line
 from .distributed import DistEnv, all_gather_int, broadcast_bytes
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,25 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return [path for _, path in sorted(found, reverse=True)]
 
 
+class NotACheckpoint(ValueError):
+    """A file that does not load as one of this project's checkpoints (tensors and plain values)."""
+
+
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
-    """Load a checkpoint safely (weights_only) onto the CPU."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    """Load a checkpoint safely (weights_only) onto the CPU; anything else is a NotACheckpoint
+    with a one-line reason (never torch's advice to turn weights_only off: a file that
+    needs it could run code)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        if "weights_only" in str(error):  # torch's message advises turning weights_only off: never repeat that
+            raise NotACheckpoint(
+                f"{path} holds objects other than tensors and plain values: not a checkpoint of this project"
+            ) from None
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+        raise NotACheckpoint(f"{path} is unreadable ({first}): not a checkpoint of this project") from None
     if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
-        raise ValueError("not a checkpoint of this project (no 'model' or 'step')")
+        raise NotACheckpoint(f"{path} is not a checkpoint of this project (no 'model' or 'step')")
     return payload
 
 
@@ -107,6 +121,8 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._valid: set[Path] = set()  # checkpoints known to load
+        self._writing: Path | None = None
         if is_writer:
             folder.mkdir(parents=True, exist_ok=True)
             for leftover in folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
@@ -127,7 +143,7 @@ class Checkpointer:
             return False
         self.wait()
         payload = to_cpu({**components, **asdict(state), "format_version": FORMAT_VERSION})
-        path = self.folder / checkpoint_name(state.step)
+        path = self._writing = self.folder / checkpoint_name(state.step)
         self._thread = threading.Thread(target=self._write, args=(payload, path), name="checkpoint-writer")
         self._thread.start()
         self.last_saved_step = state.step
@@ -137,20 +153,50 @@ class Checkpointer:
         try:
             started = time.perf_counter()
             write_atomically(payload, path)
-            for old in list_checkpoints(self.folder)[self.config.keep_last :]:
-                old.unlink(missing_ok=True)
+            self._valid.add(path)
             log.info("saved checkpoint %s (written in %.2f s)", path, time.perf_counter() - started)
+            self.prune()
         except BaseException as error:  # re-raised on the training thread by wait()
             self._error = error
 
+    def prune(self) -> None:
+        """Keep the newest `keep_last` valid checkpoints. A file that is not one (unreadable, cut
+        short, foreign) is set aside under another name with a warning and never counted, so it
+        can never push a good checkpoint out."""
+        valid = []
+        for path in list_checkpoints(self.folder):
+            if path not in self._valid:
+                try:
+                    probe = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                    if not (isinstance(probe, dict) and {"model", "step"} <= probe.keys()):
+                        raise NotACheckpoint("no 'model' or 'step'")
+                except Exception as error:
+                    aside = path.with_name(f"{path.name}.unreadable")
+                    os.replace(path, aside)
+                    log.warning("%s is not a valid checkpoint (%s): set aside as %s", path, str(error)[:80], aside.name)
+                    continue
+                self._valid.add(path)
+            valid.append(path)
+        for old in valid[self.config.keep_last :]:
+            old.unlink(missing_ok=True)
+            self._valid.discard(old)
+
+    def raise_if_failed(self) -> None:
+        """Without waiting: stop with the background write's error if it has failed."""
+        if self._error is not None:
+            self.wait()
+
     def wait(self) -> None:
-        """Block until the background write (if any) is on disk; re-raise its error."""
+        """Block until the background write (if any) is on disk; its failure is a JobError."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError("writing a checkpoint failed") from error
+            raise JobError(
+                f"writing checkpoint {self._writing} failed ({first_line(error)}); the previous checkpoints are "
+                "intact: free some space or fix the run dir's permissions, then launch again"
+            ) from error
 
     def find_resume_payload(self) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh.
@@ -167,7 +213,10 @@ class Checkpointer:
         path = Path(resume)
         if not path.is_file():
             raise ConfigError(f"checkpoint.resume={resume}: no such file; give a step_<N>.pt path, auto or never")
-        return path, load_checkpoint(path)
+        try:
+            return path, load_checkpoint(path)
+        except NotACheckpoint as error:
+            raise ConfigError(f"checkpoint.resume={resume}: {error}; give a checkpoints/step_<N>.pt of a run") from None
 
     def newest_readable(self) -> tuple[Path, dict[str, Any]] | None:
         for path in list_checkpoints(self.folder):
@@ -196,6 +245,13 @@ def check_same_model(path: Path, saved_config: dict[str, Any], config: dict[str,
         raise ConfigError(
             f"checkpoint {path} does not fit this model ({'; '.join(differences)}): "
             "use the same model settings, another run dir, or checkpoint.resume=never"
+        )
+    saved_optimizer = saved_config.get("optim", {}).get("_target_")
+    if saved_optimizer is not None and saved_optimizer != config["optim"].get("_target_"):
+        raise ConfigError(
+            f"checkpoint {path} holds the state of optim._target_={saved_optimizer}, not "
+            f"{config['optim'].get('_target_')}: resume with the same optimizer, another run dir, or "
+            "checkpoint.resume=never"
         )
 
 

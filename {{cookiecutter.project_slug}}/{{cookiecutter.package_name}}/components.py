@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import Dataset
 
-from .config import ConfigError
+from .config import ConfigError, first_line
 
 DATA_KEYS = ("batch_size", "num_workers", "num_classes", "augment", "on_device", "dataset")
 
@@ -36,11 +36,6 @@ def locate(path: str) -> Any:
             found = getattr(found, attribute)
         return found
     raise ModuleNotFoundError(f"No module named {parts[0]!r}")
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def target_of(node: Mapping[str, Any], key: str) -> Callable[..., Any]:
@@ -142,7 +137,7 @@ def build_task(config: Mapping[str, Any]) -> Any:
     return task
 
 
-def check_components(config: Any) -> None:
+def check_components(config: Any) -> nn.Module:
     """Build everything once, before any process starts, and run one small batch through the
     model and the task: a mistake in any of them becomes one line here, not a failure per rank."""
     from torch.utils.data import default_collate
@@ -179,3 +174,4 @@ def check_components(config: Any) -> None:
             f"task._target_={config.task['_target_']}: loss() must return one value per sample, "
             f"shape ({len(targets)},), got {tuple(getattr(loss, 'shape', ()))}"
         )
+    return model

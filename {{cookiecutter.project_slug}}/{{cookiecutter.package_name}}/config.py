@@ -27,6 +27,21 @@ class ConfigError(ValueError):
     """A user mistake in the configuration or the launch; reported as one line, no traceback."""
 
 
+def first_line(error: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+FAILED_MARKER = ".failed"  # in the run dir: the one line of a JobError, for the launcher
+
+
+class JobError(RuntimeError):
+    """An error during training that no restart can fix (a diverged loss, a corrupt data file, a
+    failed checkpoint write): the job stops once, with one line; the traceback goes to the rank's
+    log file, and torchrun does not restart the workers."""
+
+
 def require(condition: bool, message: str) -> None:
     """Raise ConfigError(message) unless condition holds."""
     if not condition:
@@ -227,12 +242,26 @@ def to_train_config(cfg: DictConfig) -> Any:
     except Exception as error:  # OmegaConf's own errors carry the key in their message
         message = str(error).strip().splitlines()[0]
         raise ConfigError(f"invalid configuration: {message}") from None
+    refuse_unknown_keys(cfg, config)
     require_target("model", config.model)
     require_target("task", config.task)
     check_optim(config.optim)
     config.data = DataConfig.from_node(config.data)
     check_all(config)
     return config
+
+
+def refuse_unknown_keys(node: Any, section: Any, prefix: str = "") -> None:
+    """A key the schema does not know (`+trainer.foo=3`) would be silently ignored: refuse it.
+    The groups (model, data, optim, task) are open: their keys are the callable's arguments."""
+    known = {item.name: getattr(section, item.name) for item in fields(section)}
+    for key in node:
+        if key not in known:
+            raise ConfigError(
+                f"{prefix}{key} is not a setting of this project: remove it, or see configs/train.yaml for the keys"
+            )
+        if is_dataclass(known[key]):
+            refuse_unknown_keys(node[key], known[key], f"{prefix}{key}.")
 
 
 def check_all(section: Any) -> None:

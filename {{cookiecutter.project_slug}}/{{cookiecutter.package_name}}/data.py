@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .components import build_datasets
-from .config import ConfigError, DataConfig
+from .config import ConfigError, DataConfig, JobError, first_line
 from .datasets import TensorImages, normalise
 from .distributed import DistEnv
 from .randomness import EVAL_EPOCH, MASK64, building_sample, sample_seed
@@ -79,6 +79,15 @@ def augment_batch(images: torch.Tensor, seed: int, epoch: int, indices: torch.Te
     return padded[batch, :, rows[:, :, None], columns[:, None, :]].permute(0, 3, 1, 2).contiguous()
 
 
+def describe_item(dataset: Dataset, index: int) -> str:
+    """The file behind an item, where the data set says (torchvision's folder sets do)."""
+    samples = getattr(dataset, "samples", None)
+    try:
+        return f" ({samples[index][0]})" if samples is not None else ""
+    except (IndexError, TypeError, KeyError):
+        return ""
+
+
 class KeyedDataset(Dataset):
     """Items (input, target, weight, index); training keys are (index, epoch, weight), evaluation
     keys indices. While the base set builds a sample, its (seed, epoch, index) is the current
@@ -93,7 +102,11 @@ class KeyedDataset(Dataset):
     def __getitem__(self, key: int | TrainKey) -> tuple[Any, Any, float, int]:
         index, epoch, weight = (key, EVAL_EPOCH, 1.0) if isinstance(key, int) else key
         with building_sample(self.seed, epoch, index):
-            item = self.base[index]
+            try:
+                item = self.base[index]
+            except Exception as error:  # a corrupt file met mid-epoch: no restart can fix it
+                raise JobError(f"data set item {index}{describe_item(self.base, index)} failed to load "
+                               f"({first_line(error)}): fix or remove it, then launch again") from error  # fmt: skip
         if not (isinstance(item, tuple | list) and len(item) == 2):
             raise TypeError(f"data set items must be (input, target) pairs; item {index} is a {type(item).__name__}")
         inputs, target = item

@@ -101,10 +101,7 @@ def image_folder(root: str, image_size: int, num_classes: int) -> tuple[Dataset,
     from torchvision import datasets, transforms
 
     for split in ("train", "val"):
-        if not (Path(root) / split).is_dir():
-            raise ConfigError(
-                f"image_folder: {Path(root) / split} does not exist; set data.root to a folder with train/ and val/"
-            )
+        check_image_tree(Path(root) / split, num_classes)
     transform = transforms.Compose([transforms.Resize((image_size, image_size)), transforms.PILToTensor(), normalise])
     train, val = (datasets.ImageFolder(str(Path(root) / split), transform=transform) for split in ("train", "val"))
     if train.classes != val.classes or len(train.classes) != num_classes:
@@ -113,6 +110,29 @@ def image_folder(root: str, image_size: int, num_classes: int) -> tuple[Dataset,
             f"data.num_classes={num_classes}: make them agree"
         )
     return train, val
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def check_image_tree(folder: Path, num_classes: int) -> None:
+    """Refuse, before any work, a split that ImageFolder would read wrongly or fail on mid-epoch:
+    missing, a class folder without images, an empty image file, another number of classes."""
+    if not folder.is_dir():
+        raise ConfigError(f"image_folder: {folder} does not exist; set data.root to a folder with train/ and val/")
+    classes = sorted(entry for entry in folder.iterdir() if entry.is_dir())
+    if len(classes) != num_classes:
+        raise ConfigError(
+            f"image_folder: {folder} has {len(classes)} class folders, data.num_classes={num_classes}: make them agree"
+        )
+    for class_folder in classes:
+        images = [entry for entry in os.scandir(class_folder) if entry.name.lower().endswith(IMAGE_SUFFIXES)]
+        if not images:
+            raise ConfigError(f"image_folder: {class_folder} holds no images ({', '.join(IMAGE_SUFFIXES[:3])}, ...): "
+                              "add some or remove the folder")  # fmt: skip
+        empty = next((entry.path for entry in images if entry.stat().st_size == 0), None)
+        if empty is not None:
+            raise ConfigError(f"image_folder: {empty} is an empty file: replace or remove it")
 
 
 def stdlib_sources() -> list[Path]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,12 +19,21 @@ import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .checkpoint import Checkpointer, find_compatible_checkpoint, load_checkpoint, restore
+from .checkpoint import Checkpointer, NotACheckpoint, find_compatible_checkpoint, load_checkpoint, restore
 from .components import build_model, build_task, check_components
-from .config import ConfigError, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
+from .config import (
+    FAILED_MARKER,
+    ConfigError,
+    JobError,
+    compose_for_checkpoint,
+    register_configs,
+    to_plain_dict,
+    to_train_config,
+)
 from .data import build_data
 from .distributed import choose_backend, distributed, process_env
 from .evaluate import evaluate
+from .launch import die_with_parent
 from .logs import setup_logging
 from .preemption import Preempted
 from .rundir import register_resolvers
@@ -32,7 +42,6 @@ from .trainer import build_trainer
 log = logging.getLogger(__name__)
 
 USER_ERROR_EXIT = 2
-PREEMPTED_EXIT = 143  # 128 + SIGTERM, as a shell reports a process ended by it
 
 
 def accept_legacy_local_rank(argv: list[str]) -> None:
@@ -54,6 +63,10 @@ def accept_legacy_local_rank(argv: list[str]) -> None:
 def prepare(argv: list[str]) -> None:
     """What train.py and eval.py do before Hydra parses the command line."""
     accept_legacy_local_rank(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker: it dies with its torchrun agent
+        die_with_parent()
+        if os.getppid() == 1:  # the agent is already gone
+            sys.exit(1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and ("-m" in argv or "--multirun" in argv):
         fail("-m under torchrun would make every rank run the whole sweep: use bash scripts/run_single.sh -m ...")
     register_configs()
@@ -67,11 +80,27 @@ def check_launch(cfg: DictConfig, run_dir: Path | None, local_world_size: int, v
     would resume from. Nothing is written."""
     config = to_train_config(cfg)
     choose_backend(config.dist.backend, visible_gpus, local_world_size, torch.distributed.is_mpi_available())
-    check_components(config)
+    model = check_components(config)
+    check_room_for_checkpoints(run_dir if run_dir is not None else Path("outputs"), model)
     folder = (run_dir if run_dir is not None else Path("outputs") / "(new run)") / "checkpoints"
     checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False)
     checkpoints.refuse_to_overwrite()
     find_compatible_checkpoint(checkpoints, to_plain_dict(config))
+
+
+def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
+    """The run dir must be writable, with room for a checkpoint and the one being written: the
+    weights and up to two optimizer states each (Adam's), twice."""
+    existing = next(folder for folder in (run_dir, *run_dir.resolve().parents) if folder.exists())
+    if not os.access(existing, os.W_OK):
+        raise ConfigError(f"{existing} is not writable, and the run dir {run_dir} must be: give another RUN_DIR")
+    need = 2 * 3 * sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    free = shutil.disk_usage(existing).free
+    if free < need:
+        raise ConfigError(
+            f"{existing} has {free / 2**20:.0f} MiB free, and checkpoints of this model need about "
+            f"{need / 2**20:.0f} MiB: free some space or give a RUN_DIR on another disk"
+        )
 
 
 def fail(message: str) -> NoReturn:
@@ -86,7 +115,25 @@ def reporting_user_errors(body: Callable[[], None]) -> None:
         fail(str(error))
     except Preempted as stop:
         log.warning("%s; launch again with the same run dir to continue", stop)
-        sys.exit(PREEMPTED_EXIT)
+        sys.exit(stop.exit_code)
+    except JobError as error:
+        stop_job(error)
+
+
+def stop_job(error: JobError) -> NoReturn:
+    """An error no restart can fix: the traceback to this rank's log file, the one line to the
+    run dir's FAILED_MARKER for the launcher (which stops the whole job and prints it), and exit 0
+    so that torchrun does not restart the workers."""
+    message = str(error).strip().splitlines()[-1]
+    message = message.split("JobError: ", 1)[-1]  # raised in a DataLoader worker: its last line is ours
+    log.error("stopping: %s", message, exc_info=error, extra={"file_only": True})
+    try:
+        (Path(HydraConfig.get().runtime.output_dir) / FAILED_MARKER).write_text(message + "\n")
+    except Exception:  # no run dir to write to: say it here instead
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    logging.shutdown()
+    os._exit(0)
 
 
 def run_train(cfg: DictConfig) -> None:
@@ -114,8 +161,8 @@ def run_eval(cfg: DictConfig) -> None:
             raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt of a run")
         try:
             payload = load_checkpoint(path)
-        except Exception as error:
-            raise ConfigError(f"cannot read checkpoint {path}: {error}") from None
+        except NotACheckpoint as error:
+            raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
         overrides = list(HydraConfig.get().overrides.task)
         config = to_train_config(compose_for_checkpoint(payload.get("config", {}), overrides))
         process_env(config.dist)

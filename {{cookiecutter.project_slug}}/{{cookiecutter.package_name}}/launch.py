@@ -69,6 +69,8 @@ KEYS = (
         modes=("multi",)),
     Key("LOCAL_ADDR", "", "this node's address, where its hostname does not resolve to it", modes=("multi", "comm")),
     Key("WAIT_FOR_MASTER_S", "120", "how long nodes other than 0 wait for node 0's port", modes=("multi", "comm")),
+    Key("WAIT_FOR_NODES_S", "600", "how long a node waits for all NNODES (MIN of MIN:MAX) to join before it gives up",
+        modes=("multi", "comm")),
     Key("RDZV_LAST_CALL_S", "5", "elastic: how long the rendezvous waits for more nodes once MIN have come",
         modes=("multi", "comm")),
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
@@ -231,6 +233,7 @@ def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
         raise LaunchError("NODE_RANK is required: NODE_RANK=0 on the first node, 1, 2, ... on the others")
     node_rank = whole_number(values, "NODE_RANK", 0)
     whole_number(values, "WAIT_FOR_MASTER_S", 0)
+    whole_number(values, "WAIT_FOR_NODES_S", 1)
     last_call = whole_number(values, "RDZV_LAST_CALL_S", 0)
     port = whole_number(values, "MASTER_PORT", 1)
     if port > 65535:
@@ -399,19 +402,83 @@ class Forwarder:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
-    def run(self, command: list[str], env: dict[str, str]) -> int:
-        self.child = subprocess.Popen(command, env=env)
-        code = self.child.wait()
+    def run(self, command: list[str], env: dict[str, str], failed_marker: Path | None = None,
+            nodes: NodeWait | None = None) -> int:  # fmt: skip
+        """torchrun until it ends, or until a worker reports an error no restart can fix
+        (`failed_marker` appears), or until the nodes did not all come (`nodes`): then torchrun is
+        killed, and its workers die with it."""
+        self.child = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+        started = time.monotonic()
+        while (code := self.child.poll()) is None:
+            if failed_marker is not None and failed_marker.is_file():
+                self.stop_child()
+                return 1
+            if nodes is not None and not nodes.done:
+                nodes.done = has_children(self.child.pid)  # torchrun starts workers once all nodes came
+                if not nodes.done and nodes.overdue(time.monotonic() - started):
+                    self.stop_child()
+                    raise LaunchError(nodes.give_up())
+            time.sleep(0.2)
         return SIGTERM_EXIT if self.terminated else code
+
+    def stop_child(self) -> None:
+        assert self.child is not None
+        self.child.kill()  # before it restarts anyone; the workers follow (PR_SET_PDEATHSIG)
+        self.child.wait()
 
     def close(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
 
-def torchrun(launch: Launch, module: str, arguments: list[str], forwarder: Forwarder) -> int:
+@dataclass
+class NodeWait:
+    """A node's bounded, spoken wait for the others to join the rendezvous."""
+
+    values: dict[str, str]
+    done: bool = False
+    told: bool = False
+
+    def overdue(self, waited: float) -> bool:
+        limit = int(self.values["WAIT_FOR_NODES_S"])
+        if not self.told and waited >= min(10.0, limit):
+            self.told = True
+            print(f"waiting for all of NNODES={self.values['NNODES']} nodes to join at {self.values['MASTER_ADDR']}:"
+                  f"{self.values['MASTER_PORT']} (up to WAIT_FOR_NODES_S={limit} s)", flush=True)  # fmt: skip
+        return waited >= limit
+
+    def give_up(self) -> str:
+        values = self.values
+        return (
+            f"not all NNODES={values['NNODES']} nodes joined node {values['NODE_RANK']}'s rendezvous at "
+            f"{values['MASTER_ADDR']}:{values['MASTER_PORT']} within WAIT_FOR_NODES_S={values['WAIT_FOR_NODES_S']} s: "
+            "start the others with the same command and their NODE_RANK, or lower NNODES"
+        )
+
+
+def has_children(pid: int) -> bool:
+    """Whether a process has children (Linux: /proc); True where that cannot be told."""
+    try:
+        return any((task / "children").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return True
+
+
+def die_with_parent() -> None:
+    """In a child before it runs: the kernel kills it when this process dies, however it dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def torchrun(
+    launch: Launch, module: str, arguments: list[str], forwarder: Forwarder, failed_marker: Path | None = None
+) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", *launch.torchrun_args, "-m", module, *arguments]
-    return forwarder.run(command, {**os.environ, **launch.env})
+    nodes = NodeWait(launch.values) if "--standalone" not in launch.torchrun_args else None
+    return forwarder.run(command, {**os.environ, **launch.env}, failed_marker, nodes)
 
 
 def last_evaluation(run_dir: Path) -> dict | None:
@@ -430,17 +497,54 @@ def last_evaluation(run_dir: Path) -> dict | None:
     return found
 
 
+def lock_run_dir(run_dir: Path, name: str = ".lock") -> int:
+    """Hold `<run dir>/<name>` for the whole job, across torchrun's restarts: a second launch on
+    the run dir is refused, naming the holder. The operating system releases the lock when its
+    holder dies, however it dies, so a lock is never stale. Returns the open file (keep it)."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / name, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another launch"
+        os.close(fd)
+        raise LaunchError(
+            f"run dir {run_dir} is in use by {holder}: wait for that job to end, or give another RUN_DIR"
+        ) from None
+    since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{socket.gethostname()} pid {os.getpid()} since {since}\n".encode())
+    return fd
+
+
 def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: Forwarder) -> int:
     """One training job: check, then torchrun; the run dir and the last evaluation at the end."""
     preflight(args.overrides, run_dir, launch)
     check_rendezvous(launch)
     run_dir = run_dir or new_dir()
+    node_lock = f".lock.node{launch.values['NODE_RANK']}" if launch.mode == "multi" else ".lock"
+    lock = lock_run_dir(run_dir, node_lock)  # each node's run dir: one job at a time
     node = f" (node {launch.values['NODE_RANK']})" if launch.mode == "multi" else ""
     print(f"run dir: {run_dir}{node}", flush=True)
-    code = torchrun(launch, f"{PACKAGE}.train", [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides], forwarder)
+    from .config import FAILED_MARKER
+    from .preemption import STOPPED_MARKER  # the workers write them: the signal that stopped them, an error
+
+    stopped, failed = run_dir / STOPPED_MARKER, run_dir / FAILED_MARKER
+    stopped.unlink(missing_ok=True)
+    failed.unlink(missing_ok=True)
+    overrides = [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides]
+    code = torchrun(launch, f"{PACKAGE}.train", overrides, forwarder, failed)
+    if code != 0 and stopped.is_file():  # the workers saved and stopped on a signal sent to torchrun itself
+        code = 128 + int(stopped.read_text())
+    if failed.is_file():
+        print(f"error: {failed.read_text().strip()} (the traceback: {run_dir}/logs/)", file=sys.stderr, flush=True)
+        code = 1
     print(f"run dir: {run_dir}{node} (logs/, metrics.jsonl, checkpoints/)", flush=True)
     if (record := last_evaluation(run_dir)) is not None:
         print(f"last evaluation: {json.dumps(record)}", flush=True)
+    os.close(lock)
     return code
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from .distributed import DistEnv
 
+log = logging.getLogger(__name__)
+
 LOG_FORMAT = "%(asctime)s %(levelname)s [rank=%(rank)d local_rank=%(local_rank)d pid=%(process)d] %(name)s: %(message)s"
 CONSOLE_FORMAT = "[rank=%(rank)d local_rank=%(local_rank)d pid=%(process)d] %(message)s"
 
@@ -25,12 +27,14 @@ CONSOLE_FORMAT = "[rank=%(rank)d local_rank=%(local_rank)d pid=%(process)d] %(me
 class _RankFilter(logging.Filter):
     """Stamps every record with the rank, and lets through console records at min_level or above."""
 
-    def __init__(self, rank: int, local_rank: int, min_level: int = logging.NOTSET) -> None:
+    def __init__(self, rank: int, local_rank: int, min_level: int = logging.NOTSET, console: bool = False) -> None:
         super().__init__()
-        self.rank, self.local_rank, self.min_level = rank, local_rank, min_level
+        self.rank, self.local_rank, self.min_level, self.console = rank, local_rank, min_level, console
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.rank, record.local_rank = self.rank, self.local_rank
+        if self.console and getattr(record, "file_only", False):  # a traceback kept for the rank's log file
+            return False
         return record.levelno >= self.min_level
 
 
@@ -44,7 +48,7 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
 
     console = logging.StreamHandler(sys.stderr)
     console_level = logging.INFO if env.is_main or all_ranks_console else logging.WARNING
-    console.addFilter(_RankFilter(env.rank, env.local_rank, console_level))
+    console.addFilter(_RankFilter(env.rank, env.local_rank, console_level, console=True))
     console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
     root.addHandler(console)
 
@@ -82,11 +86,22 @@ class MetricsLog:
             sink.close()
 
     def drop_after(self, step: int) -> None:
-        """Forget records past `step`: a resumed run redoes those steps and logs them again."""
+        """Forget records past `step`: a resumed run redoes those steps and logs them again.
+
+        A line that does not parse (half a line, left by a kill or a full disk) is dropped with a
+        warning: it must never stop a resume.
+        """
         if not self.enabled or not self.path.exists():
             return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        kept = []
+        for number, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                record = None
+                log.warning("dropping line %d of %s: not a whole JSON record (%.60s)", number, self.path, line)
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(line)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         os.replace(tmp, self.path)

@@ -1,4 +1,5 @@
-"""SIGTERM (what Slurm and Kubernetes send before a kill) becomes a checkpoint and a clean exit.
+"""SIGTERM (what Slurm and Kubernetes send before a kill) and SIGINT (Ctrl-C) become a
+checkpoint and a clean exit: code 143 after SIGTERM (so Slurm requeues), 130 after SIGINT.
 
 The ranks must stop after the same step, or the ones that go on would wait forever for the
 ones that left. So each rank's flag is max-reduced over a side gloo group, asynchronously:
@@ -20,39 +21,53 @@ from .distributed import is_distributed
 log = logging.getLogger(__name__)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOPPED_MARKER = ".stopped"  # in the run dir: which signal stopped the job (read by the launcher)
+
+
 class Preempted(Exception):
-    """Raised after the checkpoint that SIGTERM asked for is on disk."""
+    """Raised after the checkpoint that SIGTERM or SIGINT asked for is on disk."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum  # as a shell reports a process ended by the signal
 
 
 class StopOnSigterm:
-    """Records SIGTERM and tells all ranks, in agreement, when to stop."""
+    """Records SIGTERM or SIGINT and tells all ranks, in agreement, when to stop (and which)."""
 
     def __init__(self) -> None:
-        self.received = False
-        self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        self.received = 0  # the signal number; SIGTERM wins over SIGINT when both came
+        self.agreed = 0  # the signal all ranks agreed on, at the same step
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         self._group = dist.new_group(backend="gloo") if is_distributed() else None
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._pending: dist.Work | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received = True
+        self.received = max(self.received, signum)
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.agreed or self.received).name
 
     def should_stop(self) -> bool:
         """Call once per optimizer step on every rank; True on all ranks at the same step."""
         if self._group is None:
-            return self.received
-        agreed = False
+            self.agreed = self.received
+            return bool(self.received)
         if self._pending is not None:
             self._pending.wait()
-            agreed = bool(self._flag.item())
-        if not agreed:
-            self._flag.fill_(int(self.received))
+            self.agreed = int(self._flag.item())
+        if not self.agreed:
+            self._flag.fill_(self.received)
             self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        return agreed
+        return bool(self.agreed)
 
     def close(self, wait: bool = True) -> None:
         """Restore the previous handler; with `wait`, first finish the reduce in flight."""
         if wait and self._pending is not None:
             self._pending.wait()
         self._pending = None
-        signal.signal(signal.SIGTERM, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

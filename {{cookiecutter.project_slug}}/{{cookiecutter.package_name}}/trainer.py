@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,14 +15,14 @@ from torch import nn
 from .checkpoint import Checkpointer, TrainState, agree_on_checkpoint, check_same_model, restore
 from .comm_hooks import hook_state_dict, register_comm_hook
 from .components import build_model, build_optimizer, build_task
-from .config import TrainConfig, to_plain_dict
+from .config import JobError, TrainConfig, to_plain_dict
 from .data import Data, build_data
 from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, weights_fingerprint, wrap_ddp
 from .evaluate import EvalResult, evaluate
 from .logs import MetricsLog, use_progress_bar
 from .models import count_parameters
 from .optim import lr_at, set_lr
-from .preemption import Preempted, StopOnSigterm
+from .preemption import STOPPED_MARKER, Preempted, StopOnSigterm
 from .randomness import gather_rank_states, restore_rank_state
 from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
@@ -75,6 +76,13 @@ class Trainer:
 
     def save(self) -> None:
         started = time.perf_counter()
+        # Never a checkpoint of non-finite weights: they would rotate the good ones out. DDP keeps
+        # the weights equal on every rank, so every rank stops here alike.
+        if not finite_weights(self.model):
+            raise JobError(
+                f"training diverged by step {self.state.step}: the weights are not finite, so no checkpoint was "
+                "written; lower optim.lr or set trainer.clip_grad_norm, then resume from the last checkpoint"
+            )
         hook_state = hook_state_dict(self.comm_hook)  # a collective when PowerSGD is on
         rank_states = gather_rank_states(self.env.device)  # a collective: dropout and the like resume exactly
         if not self.checkpoints.is_writer:
@@ -90,6 +98,11 @@ class Trainer:
         loss_sum = all_reduce_sum(interval.loss_sum.clone())
         elapsed = time.perf_counter() - interval.started
         train_loss = loss_sum.item() / (self.env.world_size * interval.steps)
+        if not math.isfinite(train_loss):  # the same sum on every rank: all stop at this step
+            raise JobError(
+                f"training diverged by step {self.state.step}: the loss is {train_loss}; lower optim.lr or set "
+                f"trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite weights)"
+            )
         values = {
             "step": self.state.step,
             "epoch": self.state.epoch,
@@ -141,6 +154,7 @@ class Trainer:
                 continue
             micro = 0
             self.step.optimizer_step()
+            self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
             state.step += 1
             state.samples_in_epoch += real_samples
             interval.steps += 1
@@ -152,7 +166,10 @@ class Trainer:
             if stop.should_stop():
                 self.save()
                 self.checkpoints.wait()
-                raise Preempted(f"stopped by SIGTERM after step {state.step}; checkpoint saved")
+                signum = stop.agreed
+                if self.env.is_main:  # the launcher reads it: torchrun's own exit code does not say
+                    (self.run_dir / STOPPED_MARKER).write_text(f"{signum}\n")
+                raise Preempted(f"stopped by {stop.signal_name} after step {state.step}; checkpoint saved", signum)
         if interval.steps:
             self.log_interval(interval, bar)
 
@@ -200,6 +217,12 @@ class Trainer:
             state.epoch, state.samples_in_epoch = state.epoch + 1, 0
             self.save()
         return result
+
+
+def finite_weights(model: nn.Module) -> bool:
+    """Whether every floating-point tensor of the model is finite (one read back to the host)."""
+    checks = [torch.isfinite(tensor).all() for tensor in model.state_dict().values() if tensor.is_floating_point()]
+    return bool(torch.stack(checks).all()) if checks else True
 
 
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
