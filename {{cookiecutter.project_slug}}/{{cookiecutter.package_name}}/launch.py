@@ -394,11 +394,11 @@ class Forwarder:
 
     def __init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None
-        self.terminated = False
+        self.signal = 0  # the first SIGTERM or SIGINT this launcher received: its exit code says which
         self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        self.terminated |= signum == signal.SIGTERM
+        self.signal = self.signal or signum
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
@@ -419,7 +419,7 @@ class Forwarder:
                     self.stop_child()
                     raise LaunchError(nodes.give_up())
             time.sleep(0.2)
-        return SIGTERM_EXIT if self.terminated else code
+        return 128 + self.signal if self.signal else code
 
     def stop_child(self) -> None:
         assert self.child is not None
@@ -536,7 +536,7 @@ def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: For
     failed.unlink(missing_ok=True)
     overrides = [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides]
     code = torchrun(launch, f"{PACKAGE}.train", overrides, forwarder, failed)
-    if code != 0 and stopped.is_file():  # the workers saved and stopped on a signal sent to torchrun itself
+    if code != 0 and stopped.is_file() and not forwarder.signal:  # a signal sent to torchrun itself
         code = 128 + int(stopped.read_text())
     if failed.is_file():
         print(f"error: {failed.read_text().strip()} (the traceback: {run_dir}/logs/)", file=sys.stderr, flush=True)
