@@ -31,7 +31,6 @@ from typing import NoReturn
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 USER_ERROR_EXIT = 2
-SIGTERM_EXIT = 143  # 128 + SIGTERM: "stopped with a checkpoint, launch again to continue" (Slurm requeues)
 
 
 class LaunchError(ValueError):
@@ -597,7 +596,7 @@ def run_point(
     except LaunchError as error:
         code, reason = USER_ERROR_EXIT, str(error)
         print(f"error: {error}", file=sys.stderr, flush=True)
-    status = "done" if code == 0 else ("stopped" if code == SIGTERM_EXIT else "failed")
+    status = "done" if code == 0 else ("stopped" if forwarder.signal else "failed")
     row.update(status=status, reason=reason, final=last_evaluation(run_dir) or {})
     status_file.write_text(json.dumps(row) + "\n")
     return row
@@ -620,8 +619,8 @@ def sweep(launch: Launch, args: LaunchArgs, forwarder: Forwarder) -> int:
             if rows[-1]["status"] == "stopped":
                 break
     if rows and rows[-1]["status"] == "stopped":
-        print(f"sweep stopped by SIGTERM: launch again with SWEEP_DIR={sweep_dir} to continue", flush=True)
-        return SIGTERM_EXIT
+        print(f"sweep stopped by a signal: launch again with SWEEP_DIR={sweep_dir} to continue", flush=True)
+        return 128 + forwarder.signal
     table = results_table(rows, swept)
     (sweep_dir / "results.md").write_text(table)
     print(table, end="", flush=True)
