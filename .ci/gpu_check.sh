@@ -35,14 +35,14 @@ run() {
   exec > >(tee "$out/gpu_check.log") 2>&1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-  bench --nproc-per-node=1 scripts/bench.py "${resnet18[@]}" --precision bf16 --channels-last
-  bench --nproc-per-node=1 scripts/bench.py "${resnet18[@]}" --precision bf16 --channels-last --compile
-  bench --nproc-per-node=1 scripts/bench.py "${resnet18[@]}" --precision bf16 --channels-last --on-device
-  bench --nproc-per-node=1 scripts/bench.py "${resnet18[@]}" --precision fp32
-  bench --nproc-per-node=1 scripts/bench.py "${resnet18[@]}" --precision fp16 --channels-last
-  bench --nproc-per-node=2 scripts/bench.py --model resnet18 --batch 256 --workers 4 --steps 50 --rounds 3 \
+  bench --nproc-per-node=1 benchmarks/bench.py "${resnet18[@]}" --precision bf16 --channels-last
+  bench --nproc-per-node=1 benchmarks/bench.py "${resnet18[@]}" --precision bf16 --channels-last --compile
+  bench --nproc-per-node=1 benchmarks/bench.py "${resnet18[@]}" --precision bf16 --channels-last --on-device
+  bench --nproc-per-node=1 benchmarks/bench.py "${resnet18[@]}" --precision fp32
+  bench --nproc-per-node=1 benchmarks/bench.py "${resnet18[@]}" --precision fp16 --channels-last
+  bench --nproc-per-node=2 benchmarks/bench.py --model resnet18 --batch 256 --workers 4 --steps 50 --rounds 3 \
     --precision bf16 --channels-last
-  bench --nproc-per-node=1 scripts/bench.py --model resnet50 --batch 128 --workers 8 --steps 20 --rounds 1 \
+  bench --nproc-per-node=1 benchmarks/bench.py --model resnet50 --batch 128 --workers 8 --steps 20 --rounds 1 \
     --precision bf16 --channels-last
   echo "== scripts/run_single.sh"
   timeout 240 bash scripts/run_single.sh model=resnet18 data.batch_size=256 data.train_size=51200 data.num_workers=8 \

@@ -47,7 +47,7 @@ EXPECTED_FILES = {
     "scripts/run_multi.sh",
     "scripts/run_single.sh",
     "scripts/slurm.sbatch",
-    "scripts/bench.py",
+    "benchmarks/bench.py",
     "PKG/__init__.py",
     "PKG/batch.py",
     "PKG/components.py",

@@ -111,7 +111,7 @@ def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> 
 
 @pytest.mark.slow
 def test_benchmark_smoke_mode_compares_the_loops(tmp_path: Path) -> None:
-    proc = torchrun("scripts/bench.py", 2, "--smoke", "--precision=bf16", "--channels-last")
+    proc = torchrun("benchmarks/bench.py", 2, "--smoke", "--precision=bf16", "--channels-last")
     lines = proc.stdout.splitlines()
     rates = {line.split()[0]: float(line.split()[1]) for line in lines if "images/s" in line}
     assert {"project", "bare"} <= set(rates) and all(rate > 0 for rate in rates.values()), proc.stdout

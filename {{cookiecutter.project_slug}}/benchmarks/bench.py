@@ -1,8 +1,8 @@
 """Training speed of the project's own loop against a bare DDP loop (and Lightning), side by side.
 
-    torchrun --standalone --nproc-per-node=<N> scripts/bench.py [--model resnet18] [--batch 256]
+    torchrun --standalone --nproc-per-node=<N> benchmarks/bench.py [--model resnet18] [--batch 256]
         [--precision bf16] [--channels-last] [--compile] [--on-device] [--steps 50] [--rounds 3] [--workers 8]
-    torchrun --standalone --nproc-per-node=2 scripts/bench.py --smoke     # seconds, on CPU: the tests
+    torchrun --standalone --nproc-per-node=2 benchmarks/bench.py --smoke     # seconds, on CPU: the tests
 
 In one run, alternating round by round on the same model, batch and synthetic data:
 - project: the trainer's own epoch loop (train_epoch) with its real data path (sampler, DataLoader
