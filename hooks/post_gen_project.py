@@ -21,7 +21,7 @@ BAKED_BY_CRUFT = "{{ cookiecutter._commit | default('') }}" != ""
 
 UNCHOSEN_FILES = {
     ("tensorboard", "no"): [f"{PACKAGE}/tensorboard_log.py", "tests/test_tensorboard.py"],
-    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py"],
+    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"],
     ("license", "none"): ["LICENSE"],
 }
 

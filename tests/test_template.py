@@ -23,6 +23,17 @@ EXPECTED_FILES = {
     ".pre-commit-config.yaml",
     "LICENSE",
     "README.md",
+    "docs/checkpoints.md",
+    "docs/communication.md",
+    "docs/configuration.md",
+    "docs/language_model.md",
+    "docs/launching.md",
+    "docs/layout.md",
+    "docs/pitfalls.md",
+    "docs/slurm.md",
+    "docs/speed.md",
+    "docs/sweeps.md",
+    "docs/troubleshooting.md",
     "pyproject.toml",
     "train.py",
     "eval.py",
@@ -59,6 +70,8 @@ EXPECTED_FILES = {
     "PKG/comm_hooks.py",
     "PKG/config.py",
     "PKG/data.py",
+    "PKG/sampler.py",
+    "PKG/augment.py",
     "PKG/distributed.py",
     "PKG/entry.py",
     "PKG/eval.py",
@@ -77,6 +90,8 @@ EXPECTED_FILES = {
     "tests/conftest.py",
     "tests/test_config.py",
     "tests/test_data.py",
+    "tests/test_sampler.py",
+    "tests/test_augment.py",
     "tests/test_checkpoint.py",
     "tests/test_comm_check.py",
     "tests/test_comm_hooks.py",
@@ -91,13 +106,14 @@ EXPECTED_FILES = {
     "tests/test_launch.py",
     "tests/test_checkpointer.py",
     "tests/test_step.py",
+    "tests/test_trainer.py",
     "tests/accumulation_probe.py",
 }
 
 # What each non-default choice removes from the generated project.
 REMOVED = {
     ("tensorboard", "no"): {"PKG/tensorboard_log.py", "tests/test_tensorboard.py"},
-    ("slurm", "no"): {"scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py"},
+    ("slurm", "no"): {"scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"},
     ("license", "none"): {"LICENSE"},
 }
 # ...and words that must then appear in no generated file.

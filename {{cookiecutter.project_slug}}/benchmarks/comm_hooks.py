@@ -24,14 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from {{cookiecutter.package_name}}.comm_hooks import PowerSGDHook, register_comm_hook  # noqa: E402
 from {{cookiecutter.package_name}}.components import build_model  # noqa: E402
-from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig  # noqa: E402
+from {{cookiecutter.package_name}}.config import COMM_HOOKS, DDPConfig, DistConfig  # noqa: E402
 from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-BASE = DDPConfig(
-    bucket_cap_mb=25, gradient_as_bucket_view=True, static_graph=False, find_unused_parameters=False,
-    broadcast_buffers=True, sync_batchnorm=False, comm_hook="none", powersgd_rank=1, powersgd_start_iter=2,
-)  # fmt: skip
+# train.yaml's DDP settings, with PowerSGD's plain steps cut short so that the warm-up passes them.
+BASE = DDPConfig(**{**OmegaConf.to_container(OmegaConf.load(CONFIGS / "train.yaml").ddp), "powersgd_start_iter": 2})
 BYTES_PER_ELEMENT = {"none": 4, "fp16": 2, "bf16": 2}
 
 
@@ -46,7 +44,7 @@ def measure(hook_name: str, args: argparse.Namespace, env) -> tuple[float, float
     config = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
     model = build_model({**config, "num_classes": 10}).to(env.device)  # type: ignore[dict-item]
     ddp_model = wrap_ddp(model, replace(BASE, comm_hook=hook_name), env)
-    hook = register_comm_hook(ddp_model, replace(BASE, comm_hook=hook_name), None, env)
+    hook = register_comm_hook(ddp_model, replace(BASE, comm_hook=hook_name), env)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images = torch.randn(args.batch, 3, 32, 32, device=env.device)
     labels = torch.randint(0, 10, (args.batch,), device=env.device)
@@ -82,7 +80,7 @@ def main() -> int:
         if env.world_size < 2:
             print("error: run under torchrun with at least 2 processes: hooks act on DDP's all-reduce", file=sys.stderr)
             return 2
-        rows = [(name, *measure(name, args, env)) for name in ("none", "fp16", "bf16", "powersgd")]
+        rows = [(name, *measure(name, args, env)) for name in COMM_HOOKS]
         # Free the four DDP models (reference cycles) while the process group still exists:
         # a reducer destroyed after it can abort the process at exit.
         gc.collect()

@@ -94,7 +94,7 @@ def test_checkpoints_are_plain_and_load_with_weights_only(reference: Path) -> No
     assert steps_saved(reference) == [5, 10, 15, 16, 20, 25, 30, 32, 35, 40, 45, 48]
     path = reference / "checkpoints" / f"step_{LAST_STEP:08d}.pt"
     payload = torch.load(path, map_location="cpu", weights_only=True)
-    assert {"model", "optimizer", "scheduler", "epoch", "step", "samples_in_epoch", "config"} <= payload.keys()
+    assert {"format_version", "model", "optimizer", "epoch", "step", "samples_in_epoch", "config"} <= payload.keys()
     assert payload["step"] == LAST_STEP and payload["epoch"] == 3 and payload["samples_in_epoch"] == 0
     assert isinstance(payload["config"], dict) and payload["config"]["model"]["_target_"].endswith(".SmallCNN")
     assert (reference / "checkpoints" / "config.yaml").read_text().startswith("seed: 0")

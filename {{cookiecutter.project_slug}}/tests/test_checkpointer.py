@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.checkpoint import Checkpointer, NotACheckpoint, TrainState, load_checkpoint
+from {{cookiecutter.package_name}}.checkpoint import Checkpointer, NotACheckpoint, load_checkpoint
 from {{cookiecutter.package_name}}.config import CheckpointConfig, ConfigError, to_train_config
 from {{cookiecutter.package_name}}.logs import MetricsLog
 
@@ -21,7 +21,7 @@ def checkpointer(folder: Path, keep_last: int, resume: str = "auto") -> Checkpoi
 
 
 def save(checkpoints: Checkpointer, step: int) -> None:
-    checkpoints.save(TrainState(0, step, 0), {"model": {"w": torch.full((3,), float(step))}})
+    checkpoints.save(step, {"step": step, "model": {"w": torch.full((3,), float(step))}})
     checkpoints.wait()
 
 
@@ -106,7 +106,7 @@ def test_a_failed_background_write_stops_the_run_and_keeps_the_previous_checkpoi
     checkpoints = checkpointer(folder, keep_last=5)
     save(checkpoints, 1)
     (folder / "step_00000002.pt").mkdir()  # the name the next write must take is not free: the write fails
-    checkpoints.save(TrainState(0, 2, 0), {"model": {"w": torch.zeros(3)}})
+    checkpoints.save(2, {"step": 2, "model": {"w": torch.zeros(3)}})
     checkpoints._thread.join()  # the failure is in the background; the training thread notices it at its step
     with pytest.raises(JobError, match=r"writing checkpoint .*step_00000002.pt failed \(IsADirectoryError.*intact"):
         checkpoints.raise_if_failed()

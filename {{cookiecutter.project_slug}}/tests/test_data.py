@@ -1,4 +1,4 @@
-"""Sampling, augmentation and evaluation splits: their determinism is what exact resume rests on."""
+"""Keyed samples, the loaders and the data sets: the batches are a function of (seed, epoch, index)."""
 
 from __future__ import annotations
 
@@ -12,81 +12,16 @@ from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.components import build_datasets
 from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
-from {{cookiecutter.package_name}}.data import (
-    DeviceBatches,
-    KeyedDataset,
-    ResumableDistributedSampler,
-    augment,
-    augment_batch,
-    build_data,
-    eval_shard,
-    sample_seeds,
-)
+from {{cookiecutter.package_name}}.data import DeviceBatches, KeyedDataset, build_data
 from {{cookiecutter.package_name}}.distributed import DistEnv
-from {{cookiecutter.package_name}}.randomness import sample_seed, seeded_by_sample
+from {{cookiecutter.package_name}}.randomness import seeded_by_sample
+from {{cookiecutter.package_name}}.sampler import ResumableDistributedSampler
 
 from .conftest import compose_config, run
 
 
 def env(rank: int, world_size: int) -> DistEnv:
     return DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
-
-
-def epoch_keys(size: int, world_size: int, batch_size: int, epoch: int, start: int = 0) -> list[list]:
-    """Each rank's keys for one epoch."""
-    result = []
-    for rank in range(world_size):
-        sampler = ResumableDistributedSampler(size, env(rank, world_size), batch_size, seed=7)
-        sampler.set_epoch(epoch)
-        sampler.set_start(start)
-        keys = list(sampler)
-        assert len(keys) == len(sampler)
-        result.append(keys)
-    return result
-
-
-def real_indices(per_rank: list[list]) -> list[int]:
-    return [index for keys in per_rank for index, _, weight in keys if weight > 0]
-
-
-def test_set_epoch_changes_the_order() -> None:
-    first, second = epoch_keys(100, 1, 10, epoch=0)[0], epoch_keys(100, 1, 10, epoch=1)[0]
-    assert [k[0] for k in first] != [k[0] for k in second]
-    assert sorted(k[0] for k in first) == sorted(k[0] for k in second) == list(range(100))
-
-
-@pytest.mark.parametrize(("size", "world_size", "batch_size"), [(100, 2, 10), (101, 3, 8), (13, 4, 4), (5, 4, 8)])
-def test_ranks_see_disjoint_samples_covering_the_epoch_once(size, world_size, batch_size) -> None:
-    per_rank = epoch_keys(size, world_size, batch_size, epoch=3)
-    seen = real_indices(per_rank)
-    assert sorted(seen) == list(range(size)), "every sample exactly once, no padding repeats"
-    steps = {len(DataLoader(keys, batch_size=batch_size)) for keys in per_rank}
-    assert len(steps) == 1, "every rank must take the same number of steps"
-
-
-def test_order_is_independent_of_world_size() -> None:
-    def global_order(world_size: int) -> list[int]:
-        per_rank = epoch_keys(64, world_size, 8, epoch=2)
-        steps = len(per_rank[0]) // 8
-        return [i for step in range(steps) for keys in per_rank for i, _, _ in keys[step * 8 : (step + 1) * 8]]
-
-    assert global_order(1) == global_order(2) == global_order(4)
-
-
-def test_resume_mid_epoch_on_another_world_size_sees_the_rest_once() -> None:
-    size, batch_size = 103, 8
-    first_three_steps = [keys[: 3 * batch_size] for keys in epoch_keys(size, 2, batch_size, epoch=1)]
-    done = real_indices(first_three_steps)
-    rest = real_indices(epoch_keys(size, 3, batch_size, epoch=1, start=len(done)))
-    assert sorted(done + rest) == list(range(size))
-
-
-def test_augmentation_is_a_function_of_seed_epoch_and_index() -> None:
-    image = torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(augment(image, 1, 2, 3), augment(image, 1, 2, 3))
-    variants = {augment(image, 1, epoch, 3).sum().item() for epoch in range(20)}
-    assert len(variants) > 5, "the epoch must change the crop and flip"
-    assert augment(image, 1, 2, 3).shape == image.shape
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -99,15 +34,6 @@ def test_batches_do_not_depend_on_the_number_of_workers(workers: int) -> None:
     reference = torch.cat([batch[0] for batch in DataLoader(dataset, sampler=sampler, batch_size=16)])
     loaded = torch.cat([batch[0] for batch in DataLoader(dataset, sampler=sampler, batch_size=16, num_workers=workers)])
     assert torch.equal(reference, loaded)
-
-
-def test_batched_augmentation_equals_the_per_sample_one() -> None:
-    indices = torch.tensor([0, 1, 2, 3, 1000, 2**31 + 5, 49999, 123456789])
-    seeds = [sample_seed(11, 5, index) for index in indices.tolist()]
-    assert sample_seeds(11, 5, indices).tolist() == [s - 2**64 if s >= 2**63 else s for s in seeds]
-    images = torch.randn(len(indices), 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    one_by_one = torch.stack([augment(image, 11, 5, int(i)) for image, i in zip(images, indices, strict=True)])
-    assert torch.equal(augment_batch(images, 11, 5, indices), one_by_one)
 
 
 @pytest.mark.parametrize(("name", "rank", "start"), [("synthetic", 0, 0), ("synthetic", 1, 40), ("cifar10", 1, 0)])
@@ -134,12 +60,6 @@ def test_on_device_needs_a_set_held_in_memory(tmp_path) -> None:
     config = to_train_config(compose_config(["data=image_folder", f"data.root={tmp_path}", "data.on_device=true"]))
     with pytest.raises(ConfigError, match="data.on_device=true needs a data set held in memory"):
         build_data(config.data, env(0, 1), seed=0)
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
-def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
-    shards = [list(eval_shard(999, rank, world_size)) for rank in range(world_size)]
-    assert sum(shards, []) == list(range(999))
 
 
 def test_synthetic_set_is_made_from_the_seed() -> None:

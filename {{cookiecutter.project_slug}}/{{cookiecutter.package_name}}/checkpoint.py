@@ -17,7 +17,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,20 +133,21 @@ class Checkpointer:
         if self.is_writer:
             (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(plain_config))
 
-    def save(self, state: TrainState, components: dict[str, Any]) -> bool:
-        """Snapshot `components` (state_dicts and plain values) now and write them in the background.
+    def save(self, step: int, state: dict[str, Any]) -> bool:
+        """Snapshot `state` (a trainer's state_dict) now and write it in the background as step `step`.
 
         Every rank may call this; only the writer does anything. A second save at the same step
-        is skipped, and a save waits for the one before it. True when a save was started.
+        (the one resumed from, too) is skipped, and a save waits for the one before it. True when
+        a save was started.
         """
-        if not self.is_writer or self.last_saved_step == state.step:
+        if not self.is_writer or self.last_saved_step == step:
             return False
         self.wait()
-        payload = to_cpu({**components, **asdict(state), "format_version": FORMAT_VERSION})
-        path = self._writing = self.folder / checkpoint_name(state.step)
+        payload = to_cpu(state)
+        path = self._writing = self.folder / checkpoint_name(step)
         self._thread = threading.Thread(target=self._write, args=(payload, path), name="checkpoint-writer")
         self._thread.start()
-        self.last_saved_step = state.step
+        self.last_saved_step = step
         return True
 
     def _write(self, payload: dict[str, Any], path: Path) -> None:
@@ -207,16 +208,20 @@ class Checkpointer:
         resume = self.config.resume
         if resume == "never":
             return None
-        own = self.newest_readable()
-        if resume == "auto" or own is not None:
-            return own
-        path = Path(resume)
-        if not path.is_file():
-            raise ConfigError(f"checkpoint.resume={resume}: no such file; give a step_<N>.pt path, auto or never")
-        try:
-            return path, load_checkpoint(path)
-        except NotACheckpoint as error:
-            raise ConfigError(f"checkpoint.resume={resume}: {error}; give a checkpoints/step_<N>.pt of a run") from None
+        found = self.newest_readable()
+        if resume != "auto" and found is None:
+            path = Path(resume)
+            if not path.is_file():
+                raise ConfigError(f"checkpoint.resume={resume}: no such file; give a step_<N>.pt path, auto or never")
+            try:
+                found = path, load_checkpoint(path)
+            except NotACheckpoint as error:
+                raise ConfigError(
+                    f"checkpoint.resume={resume}: {error}; give a checkpoints/step_<N>.pt of a run"
+                ) from None
+        if found is not None:
+            self.last_saved_step = found[1]["step"]  # resuming from it: no need to write it again
+        return found
 
     def newest_readable(self) -> tuple[Path, dict[str, Any]] | None:
         for path in list_checkpoints(self.folder):
@@ -234,6 +239,16 @@ class Checkpointer:
                 f"checkpoint.resume=never but {self.folder} already holds checkpoints ({existing[0].name}); "
                 "start a new run dir (leave RUN_DIR out) or use checkpoint.resume=auto to continue it"
             )
+
+
+def check_format_version(path: Path | str, payload: dict[str, Any]) -> None:
+    """Refuse a checkpoint written by newer code, whose contents this code may misread."""
+    version = payload.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ConfigError(
+            f"checkpoint {path} has format version {version}, newer than this code's {FORMAT_VERSION}: "
+            "update the project's code to the version that wrote it, or start a new run dir"
+        )
 
 
 def check_same_model(path: Path, saved_config: dict[str, Any], config: dict[str, Any]) -> None:
@@ -260,6 +275,7 @@ def find_compatible_checkpoint(checkpoints: Checkpointer, config: dict[str, Any]
     found = checkpoints.find_resume_payload()
     if found is not None:
         path, payload = found
+        check_format_version(path, payload)
         check_same_model(path, payload.get("config", {}), config)
     return found
 
@@ -286,6 +302,7 @@ def agree_on_checkpoint(found: tuple[Path, dict[str, Any]] | None, env: DistEnv)
 
 def restore(model: nn.Module, payload: dict[str, Any], path: Path) -> None:
     """Load the model weights, turning a shape or key mismatch into a one-line error."""
+    check_format_version(path, payload)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as error:

@@ -25,7 +25,7 @@ from .distributed import DistEnv
 log = logging.getLogger(__name__)
 
 
-def register_comm_hook(model: nn.Module, config: DDPConfig, saved: dict[str, Any] | None, env: DistEnv) -> Any:
+def register_comm_hook(model: nn.Module, config: DDPConfig, env: DistEnv) -> Any:
     """Register the configured hook on the DDP model; return the PowerSGD hook (for checkpoints) or None."""
     if config.comm_hook == "none" or not isinstance(model, DistributedDataParallel):
         return None
@@ -40,8 +40,6 @@ def register_comm_hook(model: nn.Module, config: DDPConfig, saved: dict[str, Any
         start_powerSGD_iter=config.powersgd_start_iter,
     )
     hook = PowerSGDHook(state, model.module, env)
-    if saved is not None:
-        hook.load_state_dict(saved)
     model.register_comm_hook(state, hook.run)
     return hook
 
@@ -167,3 +165,9 @@ class PowerSGDHook:
 def hook_state_dict(hook: Any) -> dict[str, Any] | None:
     """The checkpoint entry of the registered hook (a collective for PowerSGD; None otherwise)."""
     return hook.state_dict() if isinstance(hook, PowerSGDHook) else None
+
+
+def load_hook_state(hook: Any, saved: dict[str, Any] | None) -> None:
+    """Give the registered hook its checkpointed memory (PowerSGD's; the others have none)."""
+    if isinstance(hook, PowerSGDHook) and saved is not None:
+        hook.load_state_dict(saved)

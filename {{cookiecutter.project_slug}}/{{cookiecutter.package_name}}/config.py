@@ -232,7 +232,7 @@ def register_configs() -> None:
     store.store(group="schema", name="eval", node=EvalConfig, package="_global_")
 
 
-def to_train_config(cfg: DictConfig) -> Any:
+def to_train_config(cfg: DictConfig) -> TrainConfig:
     """Turn Hydra's composed config into dataclass objects, running every range check.
 
     Interpolations are resolved here; a missing value or a failed check becomes a ConfigError.

@@ -1,9 +1,8 @@
-"""The data path: keyed samples, the training sampler, loaders and the exact evaluation split.
+"""The data path: keyed samples and the loaders, for training (DataLoader or on the device) and evaluation.
 
-Determinism is the contract here: an epoch's sample order is a function of (seed, epoch),
-a sample's augmentation a function of (seed, epoch, index). Neither depends on the number of
-processes or DataLoader workers, which is what lets a run resume bit-exactly, also on another
-world size, and lets evaluation give the same figures at any world size.
+Every sample is built from its key (seed, epoch, index): the sampler (sampler.py) says which keys
+a rank gets, augmentation (augment.py) and a data set's own random transforms (randomness.py) draw
+from the key. So the batches do not depend on the number of processes or DataLoader workers.
 """
 
 from __future__ import annotations
@@ -16,67 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
+from .augment import augment, augment_batch
 from .components import build_datasets
 from .config import ConfigError, DataConfig, JobError, first_line
 from .datasets import TensorImages, normalise
 from .distributed import DistEnv
-from .randomness import EVAL_EPOCH, MASK64, building_sample, sample_seed
+from .randomness import EVAL_EPOCH, building_sample
+from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
 
 log = logging.getLogger(__name__)
-
-CROP_PADDING = 4
-
-# A training key names one sample of one epoch; weight 0 marks padding that fills a rank's
-# share of the last, short global batch (it runs through the model but adds no gradient).
-TrainKey = tuple[int, int, float]  # (index, epoch, weight)
-
-
-def augment(image: torch.Tensor, seed: int, epoch: int, index: int) -> torch.Tensor:
-    """Random crop with zero padding and horizontal flip, drawn from (seed, epoch, index)."""
-    draw = sample_seed(seed, epoch, index)
-    span = 2 * CROP_PADDING + 1
-    dy, dx, flip = draw % span, (draw >> 8) % span, (draw >> 16) & 1
-    height, width = image.shape[-2:]
-    padded = F.pad(image, (CROP_PADDING,) * 4)
-    out = padded[..., dy : dy + height, dx : dx + width]
-    return out.flip(-1) if flip else out
-
-
-def as_int64(value: int) -> int:
-    """The int64 with the same 64 bits as the unsigned `value`."""
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 tensors that hold unsigned 64-bit patterns."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def sample_seeds(seed: int, epoch: int, indices: torch.Tensor) -> torch.Tensor:
-    """`sample_seed` of many indices at once, on their device: int64 tensors of the same bits."""
-    base = as_int64((seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + 1) & MASK64)
-    x = indices * as_int64(0x94D049BB133111EB) + base  # int64 arithmetic wraps like uint64's
-    x = (x ^ shift_right(x, 30)) * as_int64(0xBF58476D1CE4E5B9)
-    x = (x ^ shift_right(x, 27)) * as_int64(0x94D049BB133111EB)
-    return x ^ shift_right(x, 31)
-
-
-def augment_batch(images: torch.Tensor, seed: int, epoch: int, indices: torch.Tensor) -> torch.Tensor:
-    """`augment` of every image of a batch at once, on the batch's device: the same crops and flips."""
-    draw = sample_seeds(seed, epoch, indices)
-    span = 2 * CROP_PADDING + 1
-    dy = (shift_right(draw, 32) * (2**32 % span) + (draw & 0xFFFFFFFF)) % span  # the unsigned draw % span
-    dx, flip = shift_right(draw, 8) % span, shift_right(draw, 16) & 1
-    count, _, height, width = images.shape
-    padded = F.pad(images, (CROP_PADDING,) * 4)
-    rows = dy[:, None] + torch.arange(height, device=images.device)
-    columns = torch.arange(width, device=images.device)
-    columns = torch.where(flip[:, None] == 1, width - 1 - columns, columns) + dx[:, None]
-    batch = torch.arange(count, device=images.device)[:, None, None]
-    return padded[batch, :, rows[:, :, None], columns[:, None, :]].permute(0, 3, 1, 2).contiguous()
 
 
 def describe_item(dataset: Dataset, index: int) -> str:
@@ -115,66 +64,6 @@ class KeyedDataset(Dataset):
         return inputs, target, weight, index
 
 
-class ResumableDistributedSampler(DistributedSampler):
-    """DistributedSampler whose order ignores the world size and that can start mid-epoch.
-
-    Each epoch's order is a permutation drawn from (seed, epoch) alone. Global batches of
-    world_size * batch_size consecutive samples of that order are split among the ranks; the
-    last, short one is split as evenly as possible, and a rank left with nothing gets one
-    padding key of weight 0. So no sample is dropped or repeated, whatever the world size,
-    and `set_start(n)` resumes after the first n samples of the epoch, also on another world
-    size. Call `set_epoch(epoch)` before every epoch, as with DistributedSampler.
-    """
-
-    def __init__(self, dataset_size: int, env: DistEnv, batch_size: int, seed: int, shuffle: bool = True) -> None:
-        super().__init__(range(dataset_size), num_replicas=env.world_size, rank=env.rank, shuffle=shuffle, seed=seed)
-        self.dataset_size = dataset_size
-        self.batch_size = batch_size
-        self.start = 0
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.num_replicas * self.batch_size
-
-    def set_start(self, samples_done: int) -> None:
-        """Skip the first `samples_done` samples of the epoch's order (those already trained on)."""
-        self.start = samples_done
-
-    def epoch_order(self) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.dataset_size)
-        return torch.randperm(self.dataset_size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-
-    def steps_left(self) -> int:
-        return math.ceil((self.dataset_size - self.start) / self.global_batch_size)
-
-    def real_samples_in_step(self, samples_done: int, global_batches: int = 1) -> int:
-        """How many real (non-padding) samples the next `global_batches` global batches hold."""
-        return min(global_batches * self.global_batch_size, self.dataset_size - samples_done)
-
-    def rank_slice(self, chunk_size: int) -> tuple[int, int]:
-        """(offset, length) of this rank's share of a global batch of chunk_size samples."""
-        if chunk_size == self.global_batch_size:
-            return self.rank * self.batch_size, self.batch_size
-        base, extra = divmod(chunk_size, self.num_replicas)
-        return self.rank * base + min(self.rank, extra), base + (1 if self.rank < extra else 0)
-
-    def __iter__(self) -> Iterator[TrainKey]:  # type: ignore[override]
-        order = self.epoch_order()[self.start :].tolist()
-        for begin in range(0, len(order), self.global_batch_size):
-            chunk = order[begin : begin + self.global_batch_size]
-            offset, length = self.rank_slice(len(chunk))
-            if length == 0:
-                yield chunk[0], self.epoch, 0.0
-            for index in chunk[offset : offset + length]:
-                yield index, self.epoch, 1.0
-
-    def __len__(self) -> int:
-        remaining = self.dataset_size - self.start
-        full, last = divmod(remaining, self.global_batch_size)
-        return full * self.batch_size + (max(1, self.rank_slice(last)[1]) if last else 0)
-
-
 class DeviceBatches:
     """The training batches of `data.on_device`: the set lives on the device and each batch is
     gathered, normalised and augmented there, from the sampler's own keys, so the batches equal
@@ -201,11 +90,6 @@ class DeviceBatches:
             if self.augmented:
                 images = augment_batch(images, self.seed, self.sampler.epoch, on_device)
             yield images, self.labels[on_device], weights, indices
-
-
-def eval_shard(size: int, rank: int, world_size: int) -> range:
-    """This rank's contiguous share of the evaluation set: no padding, no sample twice."""
-    return range(size * rank // world_size, size * (rank + 1) // world_size)
 
 
 @dataclass

@@ -7,6 +7,7 @@
   DataLoader workers, or a resume in between; torchvision's transforms included.
   `sample_generator()` gives an explicit torch.Generator seeded the same way. (Seeding costs tens
   of microseconds a sample, so it is done where a data set asks for it, not for every sample.)
+  `sample_seeds` is `sample_seed` of many indices at once, on their device (augment.py's draws).
 - Model: dropout and other randomness in the forward draw from each rank's global generators,
   whose states go into every checkpoint (`rank_states`) and come back on resume at the same world
   size. On another world size they are seeded afresh from (seed, step, rank): the run continues
@@ -35,6 +36,25 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
     return x ^ (x >> 31)
+
+
+def as_int64(value: int) -> int:
+    """The int64 with the same 64 bits as the unsigned `value`."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors that hold unsigned 64-bit patterns."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def sample_seeds(seed: int, epoch: int, indices: torch.Tensor) -> torch.Tensor:
+    """`sample_seed` of many indices at once, on their device: int64 tensors of the same bits."""
+    base = as_int64((seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + 1) & MASK64)
+    x = indices * as_int64(0x94D049BB133111EB) + base  # int64 arithmetic wraps like uint64's
+    x = (x ^ shift_right(x, 30)) * as_int64(0xBF58476D1CE4E5B9)
+    x = (x ^ shift_right(x, 27)) * as_int64(0x94D049BB133111EB)
+    return x ^ shift_right(x, 31)
 
 
 _current_sample: ContextVar[tuple[int, int, int] | None] = ContextVar("current_sample", default=None)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
 
-from .checkpoint import Checkpointer, TrainState, agree_on_checkpoint, check_same_model, restore
-from .comm_hooks import hook_state_dict, register_comm_hook
+from .checkpoint import FORMAT_VERSION, Checkpointer, TrainState, agree_on_checkpoint, check_same_model, restore
+from .comm_hooks import hook_state_dict, load_hook_state, register_comm_hook
 from .components import build_model, build_optimizer, build_task
 from .config import JobError, TrainConfig, to_plain_dict
 from .data import Data, build_data
@@ -23,7 +25,8 @@ from .logs import MetricsLog, use_progress_bar
 from .models import count_parameters
 from .optim import lr_at, set_lr
 from .preemption import STOPPED_MARKER, Preempted, StopOnSigterm
-from .randomness import gather_rank_states, restore_rank_state
+from .randomness import gather_rank_states, restore_rank_state, seed_rank
+from .sampler import ResumableDistributedSampler
 from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
 from .tensorboard_log import TensorBoardLog
@@ -47,34 +50,78 @@ class Interval:
 
 
 @dataclass
+class OptimizerStep:
+    """One optimizer step: its micro-batches (read once, in order) and its real sample count."""
+
+    micro_batches: Iterator[Any]  # (inputs, targets, weights, indices) from the loader
+    count: int  # micro-batches in the step: grad_accum_steps, fewer at the epoch's end
+    real_samples: int  # non-padding samples in the step's global batch, over all ranks
+
+
+def optimizer_steps(
+    batches: Iterable[Any], sampler: ResumableDistributedSampler, accum: int
+) -> Iterator[OptimizerStep]:
+    """The rest of the epoch's micro-batches, grouped into optimizer steps of `accum` each."""
+    batches, left, samples_done = iter(batches), sampler.steps_left(), sampler.start
+    while left > 0:
+        count = min(accum, left)
+        real_samples = sampler.real_samples_in_step(samples_done, count)
+        yield OptimizerStep(itertools.islice(batches, count), count, real_samples)
+        left, samples_done = left - count, samples_done + real_samples
+
+
+@dataclass
 class Trainer:
     config: TrainConfig
     env: DistEnv
     run_dir: Path
-    model: nn.Module  # the user's model, unwrapped (step.ddp_model is what trains)
+    model: nn.Module  # the user's model, unwrapped (runner.ddp_model is what trains)
     optimizer: torch.optim.Optimizer
     data: Data
+    task: Any  # the loss and the metrics (tasks.py)
+    runner: StepRunner  # forward, backward and the optimizer step
+    comm_hook: Any  # the PowerSGD hook, whose memory is checkpointed; None for the others
     checkpoints: Checkpointer
     metrics: MetricsLog
-    samples: MetricsLog  # the sample audit, when trainer.record_samples is on
-    state: TrainState
+    sample_audit: MetricsLog  # logs/samples_rank_<R>.jsonl, when trainer.record_samples is on
     plain_config: dict[str, Any]  # the config as a checkpoint stores it
-    comm_hook: Any  # the PowerSGD hook, whose memory is checkpointed; None for the others
-    step: StepRunner
-    task: Any  # the loss and the metrics (tasks.py)
+    state: TrainState = field(default_factory=TrainState)
 
-    def components(self) -> dict[str, Any]:
-        """Everything a checkpoint holds besides the TrainState counters."""
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a checkpoint holds (a collective: every rank calls it at the same point)."""
         return {
+            "format_version": FORMAT_VERSION,
+            **asdict(self.state),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"lr": self.optimizer.param_groups[0]["lr"]},  # the LR is a function of progress
-            "grad_scaler": self.step.state_dict(),  # fp16's loss scale; empty otherwise
+            "grad_scaler": self.runner.state_dict(),  # fp16's loss scale; empty otherwise
+            "comm_hook": hook_state_dict(self.comm_hook),  # PowerSGD's memory, gathered on rank 0
+            "rank_states": gather_rank_states(self.env.device),  # dropout and the like resume exactly
             "world_size": self.env.world_size,
             "config": self.plain_config,
         }
 
-    def save(self) -> None:
+    def load_state_dict(self, payload: dict[str, Any], source: Path | str = "checkpoint") -> None:
+        """The exact inverse of state_dict(), at this world size (the generator states last)."""
+        check_same_model(Path(source), payload.get("config", {}), self.plain_config)
+        restore(self.model, payload, source)  # checks the format version first
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.state = TrainState(payload["epoch"], payload["step"], payload["samples_in_epoch"])
+        self.runner.load_state_dict(payload["grad_scaler"])
+        load_hook_state(self.comm_hook, payload["comm_hook"])
+        env = self.env
+        if not restore_rank_state(
+            payload["rank_states"], self.config.seed, self.state.step, env.rank, env.world_size, env.device
+        ):
+            log.info("generator states seeded afresh for %d processes: other dropout masks than saved", env.world_size)
+        log.info(
+            "resumed from %s: epoch %d, step %d, %d samples into the epoch (saved by %d processes, now %d)",
+            source, self.state.epoch, self.state.step, self.state.samples_in_epoch, payload["world_size"],
+            env.world_size,
+        )  # fmt: skip
+
+    def save(self) -> float | None:
+        """Checkpoint the current step; how long training was held (ms), None where nothing was written."""
         started = time.perf_counter()
         # Never a checkpoint of non-finite weights: they would rotate the good ones out. DDP keeps
         # the weights equal on every rank, so every rank stops here alike.
@@ -83,16 +130,12 @@ class Trainer:
                 f"training diverged by step {self.state.step}: the weights are not finite, so no checkpoint was "
                 "written; lower optim.lr or set trainer.clip_grad_norm, then resume from the last checkpoint"
             )
-        hook_state = hook_state_dict(self.comm_hook)  # a collective when PowerSGD is on
-        rank_states = gather_rank_states(self.env.device)  # a collective: dropout and the like resume exactly
-        if not self.checkpoints.is_writer:
-            return
-        payload = {**self.components(), "comm_hook": hook_state, "rank_states": rank_states}
-        if self.checkpoints.save(self.state, payload):
-            held_ms = 1e3 * (time.perf_counter() - started)
-            log.info(
-                "checkpoint of step %d: training held %.1f ms, writing in the background", self.state.step, held_ms
-            )
+        state = self.state_dict()
+        if not self.checkpoints.save(self.state.step, state):
+            return None
+        held_ms = 1e3 * (time.perf_counter() - started)
+        log.info("checkpoint of step %d: training held %.1f ms, writing in the background", self.state.step, held_ms)
+        return held_ms
 
     def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
         loss_sum = all_reduce_sum(interval.loss_sum.clone())
@@ -125,10 +168,28 @@ class Trainer:
             )
         interval.reset()
 
+    def train_step(self, step: OptimizerStep, interval: Interval) -> None:
+        """One optimizer step over its micro-batches; gradients all-reduced once, with the last."""
+        config, state = self.config, self.state
+        progress = state.epoch + (state.samples_in_epoch + step.real_samples) / self.data.sampler.dataset_size
+        set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
+        for number, (inputs, targets, weights, indices) in enumerate(step.micro_batches, 1):
+            sync = number == step.count
+            interval.loss_sum += self.runner.micro_step(inputs, targets, weights, step.real_samples, sync=sync)
+            if self.sample_audit.enabled:
+                indices = indices[weights.cpu() > 0].tolist()
+                self.sample_audit.write("samples", step=state.step + 1, epoch=state.epoch, indices=indices)
+        self.runner.optimizer_step()
+        self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
+        state.step += 1
+        state.samples_in_epoch += step.real_samples
+        interval.steps += 1
+        interval.samples += step.real_samples
+
     def train_epoch(self, stop: StopOnSigterm) -> None:
+        """Train the rest of the current epoch (from where a resume left it)."""
         config, state, sampler = self.config, self.state, self.data.sampler
-        epoch, dataset_size = state.epoch, sampler.dataset_size
-        sampler.set_epoch(epoch)  # a new order every epoch: the classic forgotten call
+        sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
         sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
         interval = Interval(torch.zeros((), device=self.env.device))
         batches: Any = self.data.train_loader
@@ -136,42 +197,31 @@ class Trainer:
         if use_progress_bar(self.env):
             from tqdm import tqdm
 
-            batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {epoch}", leave=False)
-        every_n, accum = config.checkpoint.every_n_steps, config.trainer.grad_accum_steps
-        micro_left, micro, group = sampler.steps_left(), 0, 0  # micro-batches: left, done in this step, in it
-        for inputs, targets, weights, indices in batches:
-            if micro == 0:  # a new optimizer step: accum micro-batches, fewer at the epoch's end
-                group = min(accum, micro_left)
-                real_samples = sampler.real_samples_in_step(state.samples_in_epoch, group)
-                progress = epoch + (state.samples_in_epoch + real_samples) / dataset_size
-                set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
-            micro, micro_left = micro + 1, micro_left - 1
-            interval.loss_sum += self.step.micro_step(inputs, targets, weights, real_samples, sync=micro == group)
-            if self.samples.enabled:
-                indices = indices[weights.cpu() > 0].tolist()
-                self.samples.write("samples", step=state.step + 1, epoch=epoch, indices=indices)
-            if micro < group:
-                continue
-            micro = 0
-            self.step.optimizer_step()
-            self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
-            state.step += 1
-            state.samples_in_epoch += real_samples
-            interval.steps += 1
-            interval.samples += real_samples
+            batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {state.epoch}", leave=False)
+        every_n = config.checkpoint.every_n_steps
+        for step in optimizer_steps(batches, sampler, config.trainer.grad_accum_steps):
+            self.train_step(step, interval)
             if state.step % config.trainer.log_every_n_steps == 0:
                 self.log_interval(interval, bar)
-            if every_n and state.step % every_n == 0 and state.samples_in_epoch < dataset_size:
+            if every_n and state.step % every_n == 0 and state.samples_in_epoch < sampler.dataset_size:
                 self.save()
             if stop.should_stop():
-                self.save()
-                self.checkpoints.wait()
-                signum = stop.agreed
-                if self.env.is_main:  # the launcher reads it: torchrun's own exit code does not say
-                    (self.run_dir / STOPPED_MARKER).write_text(f"{signum}\n")
-                raise Preempted(f"stopped by {stop.signal_name} after step {state.step}; checkpoint saved", signum)
+                self.stop(stop)
         if interval.steps:
             self.log_interval(interval, bar)
+
+    def end_epoch(self) -> None:
+        """Move on to the next epoch (its order starts from the beginning)."""
+        self.state.epoch, self.state.samples_in_epoch = self.state.epoch + 1, 0
+
+    def stop(self, stop: StopOnSigterm) -> NoReturn:
+        """A signal every rank agreed on: checkpoint this step, wait for the write, stop."""
+        self.save()
+        self.checkpoints.wait()
+        signum = stop.agreed
+        if self.env.is_main:  # the launcher reads it: torchrun's own exit code does not say
+            (self.run_dir / STOPPED_MARKER).write_text(f"{signum}\n")
+        raise Preempted(f"stopped by {stop.signal_name} after step {self.state.step}; checkpoint saved", signum)
 
     def validate(self) -> EvalResult:
         sync_buffers_from_rank_zero(self.model)
@@ -214,7 +264,7 @@ class Trainer:
                 (state.samples_in_epoch - start_samples) / max(elapsed, 1e-9),
                 result.line(),
             )
-            state.epoch, state.samples_in_epoch = state.epoch + 1, 0
+            self.end_epoch()
             self.save()
         return result
 
@@ -225,65 +275,55 @@ def finite_weights(model: nn.Module) -> bool:
     return bool(torch.stack(checks).all()) if checks else True
 
 
+def prepare_model(config: TrainConfig, env: DistEnv) -> nn.Module:
+    """The configured model on this rank's device, in its memory layout, BatchNorm synced if asked."""
+    model = build_model(config.model)
+    if config.ddp.sync_batchnorm and env.world_size > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    layout = torch.channels_last if config.trainer.channels_last else torch.preserve_format
+    return model.to(env.device, memory_format=layout)
+
+
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     """Everything the loop needs, resumed from a checkpoint when there is one."""
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
     data = build_data(config.data, env, config.seed)
     task = build_task(config.task)
-    model = build_model(config.model)
-    if config.ddp.sync_batchnorm and env.world_size > 1:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model.to(env.device, memory_format=torch.channels_last if config.trainer.channels_last else torch.preserve_format)
+    model = prepare_model(config, env)
     optimizer = build_optimizer(config.optim, model)
-    checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
-    plain_config = to_plain_dict(config)
-    checkpoints.save_config(plain_config)
-    state = TrainState()
-    found = agree_on_checkpoint(checkpoints.find_resume_payload(), env)
-    if found is not None:
-        path, payload = found
-        check_same_model(path, payload.get("config", {}), plain_config)
-        restore(model, payload, path)
-        optimizer.load_state_dict(payload["optimizer"])
-        state = TrainState(payload["epoch"], payload["step"], payload["samples_in_epoch"])
-        log.info(
-            "resumed from %s: epoch %d, step %d, %d samples into the epoch (saved by %d processes, now %d)",
-            path,
-            state.epoch,
-            state.step,
-            state.samples_in_epoch,
-            payload.get("world_size", 0),
-            env.world_size,
-        )
-        checkpoints.last_saved_step = state.step
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=env.is_main)
-    metrics.drop_after(state.step)
-{%- if cookiecutter.tensorboard == "yes" %}
-    if config.log.tensorboard and env.is_main:
-        metrics.sinks.append(TensorBoardLog(run_dir / "tb", purge_step=state.step + 1))
-{%- endif %}
-    samples = MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", enabled=config.trainer.record_samples)
     log.info(
         "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",
-        config.model["_target_"],
-        count_parameters(model),
-        env.device,
-        env.backend,
-        env.world_size,
+        config.model["_target_"], count_parameters(model), env.device, env.backend, env.world_size,
         config.data.batch_size,
-    )
+    )  # fmt: skip
     # The compiled module shares the model's parameters; checkpoints keep the plain model's names.
     ddp_model = wrap_ddp(torch.compile(model) if config.trainer.compile else model, config.ddp, env)
-    hook_state = register_comm_hook(ddp_model, config.ddp, found[1].get("comm_hook") if found else None, env)
-    step = StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size, task)
+    checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
+    trainer = Trainer(
+        config=config,
+        env=env,
+        run_dir=run_dir,
+        model=model,
+        optimizer=optimizer,
+        data=data,
+        task=task,
+        runner=StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size, task),
+        comm_hook=register_comm_hook(ddp_model, config.ddp, env),
+        checkpoints=checkpoints,
+        metrics=MetricsLog(run_dir / "metrics.jsonl", enabled=env.is_main),
+        sample_audit=MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", config.trainer.record_samples),
+        plain_config=to_plain_dict(config),
+    )
+    checkpoints.save_config(trainer.plain_config)
+    found = agree_on_checkpoint(checkpoints.find_resume_payload(), env)
     if found is not None:
-        step.load_state_dict(found[1].get("grad_scaler", {}))
-    # Last, so that nothing above draws from them: each rank's generators (dropout and the like).
-    saved_states = found[1].get("rank_states") if found else None
-    if not restore_rank_state(saved_states, config.seed, state.step, env.rank, env.world_size, env.device) and found:
-        log.info("generator states seeded afresh for %d processes: other dropout masks than saved", env.world_size)
-    return Trainer(
-        config, env, run_dir, model, optimizer, data, checkpoints, metrics, samples, state, plain_config,
-        hook_state, step, task,
-    )  # fmt: skip
+        trainer.load_state_dict(found[1], found[0])
+    else:  # last, so that nothing above draws from them: each rank's own generators (dropout)
+        seed_rank(config.seed, 0, env.rank)
+    trainer.metrics.drop_after(trainer.state.step)
+{%- if cookiecutter.tensorboard == "yes" %}
+    if config.log.tensorboard and env.is_main:
+        trainer.metrics.sinks.append(TensorBoardLog(run_dir / "tb", purge_step=trainer.state.step + 1))
+{%- endif %}
+    return trainer
