@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -72,6 +72,9 @@ KEYS = (
         modes=("multi", "comm")),
     Key("RDZV_LAST_CALL_S", "5", "elastic: how long the rendezvous waits for more nodes once MIN have come",
         modes=("multi", "comm")),
+    Key("DEBUG", "0", "1: diagnose a hang, into <run dir>/debug/: torch.distributed and NCCL debug logs, NCCL's "
+        "flight recorder, every rank's Python stack when a step outlasts dist.timeout_s and on kill -USR1 <pid> "
+        "(docs/debugging.md)", modes=("single", "multi")),
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
         "(Slurm's --signal=TERM@120 leaves 120 s)"),
 )  # fmt: skip
@@ -206,6 +209,37 @@ def worker_environment(environ: dict[str, str]) -> dict[str, str]:
     return {name: environ.get(name) or value for name, value in defaults.items()}
 
 
+def debug_environment(environ: dict[str, str]) -> dict[str, str]:
+    """DEBUG=1: what the workers get to diagnose a hang, unless the user set it (docs/debugging.md).
+    The files these write go to the run dir: see debug_dir_environment."""
+    defaults = {
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",  # checks that all ranks call the same collectives (INFO on gloo: hangs.py)
+        "NCCL_DEBUG": "INFO",
+        flight_recorder_size_variable(): "2000",  # NCCL's flight recorder: each rank's last 2000 collectives...
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # ...written out when one times out
+    }
+    return {name: environ.get(name) or value for name, value in defaults.items()}
+
+
+def flight_recorder_size_variable() -> str:
+    """torch 2.11 renamed TORCH_NCCL_TRACE_BUFFER_SIZE, and warns on every rank at the old name."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in re.findall(r"[0-9]+", version("torch"))[:2])
+    return "TORCH_FR_BUFFER_SIZE" if (major, minor) >= (2, 11) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+
+
+def debug_dir_environment(debug_dir: Path, environ: dict[str, str]) -> dict[str, str]:
+    """DEBUG=1: where the workers' debug files go (the workers' stacks: hangs.py)."""
+    from .hangs import DEBUG_DIR_ENV
+
+    defaults = {
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{debug_dir}/nccl_trace_rank_",  # the flight recorder; + the rank
+        "NCCL_DEBUG_FILE": f"{debug_dir}/nccl_%h_%p.log",  # NCCL's INFO lines, per host and pid, off the console
+    }
+    return {**{name: environ.get(name) or value for name, value in defaults.items()}, DEBUG_DIR_ENV: str(debug_dir)}
+
+
 def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str, str]) -> Launch:
     """Check the keys and build torchrun's arguments (nothing is started, nothing written)."""
     values = resolve_keys(args.keys, mode, environ, cluster)
@@ -217,6 +251,10 @@ def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str
     shutdown = whole_number(values, "SHUTDOWN_TIMEOUT_S", 0)
     launch = Launch(mode, values, nproc, gpus)
     launch.env = {**worker_environment(environ), **gpu_env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown)}
+    if values.get("DEBUG", "0") not in ("0", "1"):
+        raise LaunchError(f"DEBUG={values['DEBUG']}: give DEBUG=1 (diagnose a hang) or DEBUG=0")
+    if values.get("DEBUG") == "1":
+        launch.env.update(debug_environment(environ))
     common = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
     if mode == "multi" or (mode == "comm" and values["NODE_RANK"]):
         launch.torchrun_args = common + multi_node_args(values, launch.env)
@@ -406,7 +444,7 @@ class Forwarder:
         """torchrun until it ends, or until a worker reports an error no restart can fix
         (`failed_marker` appears), or until the nodes did not all come (`nodes`): then torchrun is
         killed, and its workers die with it."""
-        self.child = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+        self.child = subprocess.Popen(command, env=env, preexec_fn=own_group_dying_with_parent)
         started = time.monotonic()
         while (code := self.child.poll()) is None:
             if failed_marker is not None and failed_marker.is_file():
@@ -461,6 +499,14 @@ def has_children(pid: int) -> bool:
         return any((task / "children").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return True
+
+
+def own_group_dying_with_parent() -> None:
+    """torchrun's setup: a process group of its own, so that Ctrl-C in the terminal reaches it
+    once, through this launcher (a second SIGINT during its shutdown would make it SIGTERM the
+    workers, which would then stop as if preempted), and death with this launcher."""
+    os.setpgid(0, 0)
+    die_with_parent()
 
 
 def die_with_parent() -> None:
@@ -527,6 +573,10 @@ def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: For
     lock = lock_run_dir(run_dir, node_lock)  # each node's run dir: one job at a time
     node = f" (node {launch.values['NODE_RANK']})" if launch.mode == "multi" else ""
     print(f"run dir: {run_dir}{node}", flush=True)
+    if launch.values.get("DEBUG") == "1":  # the run dir is known only now
+        debug_dir = run_dir.resolve() / "debug"
+        debug_dir.mkdir(exist_ok=True)
+        launch = replace(launch, env={**launch.env, **debug_dir_environment(debug_dir, dict(os.environ))})
     from .config import FAILED_MARKER
     from .preemption import STOPPED_MARKER  # the workers write them: the signal that stopped them, an error
 

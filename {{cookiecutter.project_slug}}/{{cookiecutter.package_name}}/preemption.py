@@ -37,7 +37,9 @@ class StopOnSigterm:
     """Records SIGTERM or SIGINT and tells all ranks, in agreement, when to stop (and which)."""
 
     def __init__(self) -> None:
-        self.received = 0  # the signal number; SIGTERM wins over SIGINT when both came
+        # The first signal is the one that says why: after Ctrl-C, torchrun's own shutdown may send
+        # the workers a SIGTERM too, which must not turn the user's SIGINT into a preemption.
+        self.received = 0
         self.agreed = 0  # the signal all ranks agreed on, at the same step
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         self._group = dist.new_group(backend="gloo") if is_distributed() else None
@@ -45,7 +47,7 @@ class StopOnSigterm:
         self._pending: dist.Work | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received = max(self.received, signum)
+        self.received = self.received or signum
 
     @property
     def signal_name(self) -> str:
