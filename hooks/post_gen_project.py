@@ -12,17 +12,29 @@ import subprocess
 CHOICES = {
     "license": "{{ cookiecutter.license }}",
     "tensorboard": "{{ cookiecutter.tensorboard }}",
+    "mlflow": "{{ cookiecutter.mlflow }}",
+    "wandb": "{{ cookiecutter.wandb }}",
     "slurm": "{{ cookiecutter.slurm }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
+# The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
+CHOICES["trackers"] = "yes" if "yes" in (CHOICES["mlflow"], CHOICES["wandb"]) else "no"
 PACKAGE = "{{ cookiecutter.package_name }}"
 # cruft records the template commit it baked; plain cookiecutter leaves `_commit` unset.
 BAKED_BY_CRUFT = "{{ cookiecutter._commit | default('') }}" != ""
 
 UNCHOSEN_FILES = {
-    ("tensorboard", "no"): [f"{PACKAGE}/tensorboard_log.py", "tests/test_tensorboard.py"],
-    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"],
+    ("tensorboard", "no"): [f"{PACKAGE}/tensorboard_log.py", "tests/e2e/test_tensorboard.py"],
+    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/e2e/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"],
     ("license", "none"): ["LICENSE"],
+    ("mlflow", "no"): [f"{PACKAGE}/mlflow_tracker.py"],
+    ("wandb", "no"): [f"{PACKAGE}/wandb_tracker.py"],
+    ("trackers", "no"): [
+        f"{PACKAGE}/trackers.py",
+        "tests/test_trackers.py",
+        "tests/e2e/test_trackers.py",
+        "docs/trackers.md",
+    ],
 }
 
 

@@ -21,6 +21,8 @@ TAKEN = {
     "omegaconf",
     "tqdm",
     "numpy",
+    "mlflow",
+    "wandb",
     "PIL",
     "yaml",
     "cookiecutter",

@@ -26,6 +26,7 @@ EXPECTED_FILES = {
     "docs/checkpoints.md",
     "docs/communication.md",
     "docs/configuration.md",
+    "docs/debugging.md",
     "docs/language_model.md",
     "docs/launching.md",
     "docs/layout.md",
@@ -33,6 +34,7 @@ EXPECTED_FILES = {
     "docs/slurm.md",
     "docs/speed.md",
     "docs/sweeps.md",
+    "docs/trackers.md",
     "docs/troubleshooting.md",
     "pyproject.toml",
     "train.py",
@@ -78,49 +80,80 @@ EXPECTED_FILES = {
     "PKG/launch.py",
     "PKG/train.py",
     "PKG/evaluate.py",
+    "PKG/hangs.py",
     "PKG/logs.py",
     "PKG/models.py",
     "PKG/optim.py",
     "PKG/preemption.py",
+    "PKG/profiling.py",
     "PKG/rundir.py",
     "PKG/step.py",
     "PKG/tensorboard_log.py",
     "PKG/trainer.py",
+    "PKG/trackers.py",
+    "PKG/mlflow_tracker.py",
+    "PKG/wandb_tracker.py",
     "tests/__init__.py",
-    "tests/conftest.py",
-    "tests/test_config.py",
-    "tests/test_data.py",
-    "tests/test_sampler.py",
+    "tests/helpers.py",
+    "tests/accumulation_probe.py",
+    "tests/local_slurm.py",
+    "tests/worker_env_probe.py",
     "tests/test_augment.py",
     "tests/test_checkpoint.py",
-    "tests/test_comm_check.py",
-    "tests/test_comm_hooks.py",
-    "tests/local_slurm.py",
+    "tests/test_components.py",
+    "tests/test_config.py",
+    "tests/test_data.py",
+    "tests/test_datasets.py",
     "tests/test_distributed.py",
-    "tests/test_multinode.py",
-    "tests/test_slurm.py",
-    "tests/test_tensorboard.py",
-    "tests/test_training.py",
-    "tests/test_own_model.py",
-    "tests/test_language_model.py",
+    "tests/test_entry.py",
+    "tests/test_evaluate.py",
+    "tests/test_hangs.py",
     "tests/test_launch.py",
-    "tests/test_checkpointer.py",
+    "tests/test_logs.py",
+    "tests/test_optim.py",
+    "tests/test_preemption.py",
+    "tests/test_profiling.py",
+    "tests/test_rundir.py",
+    "tests/test_sampler.py",
     "tests/test_step.py",
     "tests/test_trainer.py",
-    "tests/accumulation_probe.py",
+    "tests/test_trackers.py",
+    "tests/e2e/__init__.py",
+    "tests/e2e/test_comm_check.py",
+    "tests/e2e/test_comm_hooks.py",
+    "tests/e2e/test_data.py",
+    "tests/e2e/test_hang.py",
+    "tests/e2e/test_language_model.py",
+    "tests/e2e/test_launch.py",
+    "tests/e2e/test_multinode.py",
+    "tests/e2e/test_own_model.py",
+    "tests/e2e/test_profile.py",
+    "tests/e2e/test_resume.py",
+    "tests/e2e/test_slurm.py",
+    "tests/e2e/test_step.py",
+    "tests/e2e/test_tensorboard.py",
+    "tests/e2e/test_training.py",
+    "tests/e2e/test_trackers.py",
 }
 
 # What each non-default choice removes from the generated project.
 REMOVED = {
-    ("tensorboard", "no"): {"PKG/tensorboard_log.py", "tests/test_tensorboard.py"},
-    ("slurm", "no"): {"scripts/slurm.sbatch", "tests/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"},
+    ("tensorboard", "no"): {"PKG/tensorboard_log.py", "tests/e2e/test_tensorboard.py"},
+    ("slurm", "no"): {"scripts/slurm.sbatch", "tests/e2e/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"},
     ("license", "none"): {"LICENSE"},
+    ("mlflow", "no"): {"PKG/mlflow_tracker.py"},
+    ("wandb", "no"): {"PKG/wandb_tracker.py"},
+    # trackers: "no" when neither mlflow nor wandb is chosen (derived, as the hook derives it)
+    ("trackers", "no"): {"PKG/trackers.py", "tests/test_trackers.py", "tests/e2e/test_trackers.py", "docs/trackers.md"},
 }
-# ...and words that must then appear in no generated file.
+# ...and words that must then appear in no generated file, in any case.
 TRACES = {
     ("tensorboard", "no"): ["tensorboard_log", "SummaryWriter", "log.tensorboard", "tensorboard>=", "tb/"],
     ("slurm", "no"): ["sbatch", "local_slurm", "SLURM_"],
     ("license", "none"): ["license = ", "Permission is hereby granted", "Apache License"],
+    ("mlflow", "no"): ["mlflow"],
+    ("wandb", "no"): ["wandb", "W&B", "Weights & Biases"],
+    ("trackers", "no"): ["trackers.json", "trackers.md", "from .trackers", "experiment-tracker"],
 }
 
 # Readable ids: each bake differs from the defaults in one way (git_init=no keeps .git out).
@@ -134,6 +167,9 @@ BAKES = {
     "license_bsd": {"license": "BSD-3-Clause"},
     "license_none": {"license": "none"},
     "no_tensorboard": {"tensorboard": "no"},
+    "no_mlflow": {"mlflow": "no"},
+    "no_wandb": {"wandb": "no"},
+    "no_trackers": {"mlflow": "no", "wandb": "no"},
     "no_slurm": {"slurm": "no"},
     "default_resnet50": {"default_model": "resnet50"},
     "default_image_folder": {"default_data": "image_folder"},
@@ -162,6 +198,7 @@ def python_env() -> dict[str, str]:
 def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Path, name: str) -> None:
     project = bake(tmp_path, BAKES[name])
     answers = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]
+    answers["trackers"] = "yes" if "yes" in (answers["mlflow"], answers["wandb"]) else "no"
     package = answers["package_name"]
     expected = set(EXPECTED_FILES)
     for (option, value), removed in REMOVED.items():
@@ -176,7 +213,8 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
         if answers[option] == value:
             for path, text in texts.items():
                 for word in words:
-                    assert word not in text or path.name == ".cookiecutter.json", f"{path} mentions {word}"
+                    found = word.lower() in text.lower()
+                    assert not found or path.name == ".cookiecutter.json", f"{path} mentions {word}"
     for key, value in BAKES[name].items():
         assert answers[key] == value
     assert project.name == answers["project_slug"]
@@ -270,7 +308,8 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
 @pytest.mark.slow
 def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_path: Path) -> None:
     choices = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11",
-               "license": "none", "tensorboard": "no", "slurm": "no", "default_model": "resnet18",
+               "license": "none", "tensorboard": "no", "mlflow": "no", "wandb": "no", "slurm": "no",
+               "default_model": "resnet18",
                "default_data": "cifar10", "default_task": "language_model"}  # fmt: skip
     project = bake(tmp_path, choices)
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""Run by tests/test_step.py under torchrun: one optimizer step of accumulated micro-batches
+"""Run by tests/e2e/test_step.py under torchrun: one optimizer step of accumulated micro-batches
 against one step of the whole batch, through the project's StepRunner and DDP wrapping.
 
 Prints one JSON line (rank 0): the largest gradient difference and the all-reduces each made.

@@ -1,17 +1,17 @@
-"""The backend decision, the legacy --local-rank argument, the run dir, single-process helpers."""
+"""distributed.py: the backend decision, the helpers for a world of one, the ddp.* knobs reaching DDP."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from {{cookiecutter.package_name}} import distributed
-from {{cookiecutter.package_name}}.config import ConfigError
-from {{cookiecutter.package_name}}.distributed import choose_backend
-from {{cookiecutter.package_name}}.entry import accept_legacy_local_rank
-from {{cookiecutter.package_name}}.rundir import job_run_dir, rank_zero_only
+from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
+from {{cookiecutter.package_name}}.distributed import choose_backend, wrap_ddp
+
+from .helpers import compose_config, cpu_env
 
 
 @pytest.mark.parametrize(
@@ -44,35 +44,23 @@ def test_nccl_without_gpu_and_mpi_without_support_are_refused() -> None:
     assert choose_backend("mpi", 0, 2, mpi_available=True).backend == "mpi"
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["train.py", "--local-rank=1", "trainer.epochs=2"],
-        ["train.py", "--local_rank=1", "trainer.epochs=2"],
-        ["train.py", "--local-rank", "1", "trainer.epochs=2"],
-    ],
-)
-def test_legacy_local_rank_argument_is_accepted(argv, monkeypatch) -> None:
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    accept_legacy_local_rank(argv)
-    assert argv == ["train.py", "trainer.epochs=2"]
-    assert os.environ["LOCAL_RANK"] == "1"
-
-
-def test_run_dir_is_shared_by_the_ranks_and_restarts_of_a_job(monkeypatch) -> None:
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc123")
-    monkeypatch.setenv("RANK", "1")
-    assert job_run_dir() == os.path.join("outputs", "torchrun_abc123")
-    assert rank_zero_only(".hydra") is None
-    monkeypatch.setenv("RANK", "0")
-    assert rank_zero_only(".hydra") == ".hydra"
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
-    monkeypatch.delenv("RANK")
-    assert job_run_dir().startswith(os.path.join("outputs", "20"))
-
-
 def test_helpers_answer_for_a_world_of_one() -> None:
     assert distributed.get_rank() == 0 and distributed.get_world_size() == 1
     assert distributed.is_main_process()
     value = torch.tensor([3.0])
     assert distributed.all_reduce_sum(value).item() == 3.0
+
+
+def test_the_default_ddp_knobs_reach_ddp_where_ddps_own_defaults_differ() -> None:
+    """tests/test_trainer.py sets each knob against the config's default; this is the other side:
+    gradient_as_bucket_view=true (the config's default, not DDP's) is lost if wrap_ddp drops it."""
+    config = to_train_config(compose_config()).ddp
+    assert config.gradient_as_bucket_view, "the case this test is for"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # a real group of one
+    try:
+        ddp = wrap_ddp(nn.Linear(4, 2), config, cpu_env(0, 1))
+        assert ddp.bucket_bytes_cap == config.bucket_cap_mb * 1024 * 1024
+        knobs = ("gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers")
+        assert {knob: getattr(ddp, knob) for knob in knobs} == {knob: getattr(config, knob) for knob in knobs}
+    finally:
+        dist.destroy_process_group()

@@ -1,13 +1,11 @@
-"""The launch layer (launch.py): keys, pass-through, sweeps, errors; in-process where it can be."""
+"""The launch layer (launch.py) in-process: keys, pass-through, sweeps, errors, the rendezvous checks."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,9 @@ import pytest
 from {{cookiecutter.package_name}}.launch import (
     KEYS,
     LaunchError,
+    check_rendezvous,
     lock_run_dir,
+    main,
     parse_args,
     plan,
     preflight,
@@ -27,7 +27,7 @@ from {{cookiecutter.package_name}}.launch import (
     worker_environment,
 )
 
-from .conftest import PROJECT_DIR, PYTHON, SMALL, last_line, project_copy, read_metrics, run
+from .helpers import free_port
 
 
 def planned(mode: str, *argv: str, environ: dict[str, str] | None = None, cluster: dict[str, str] | None = None):
@@ -81,6 +81,14 @@ def test_workers_get_one_thread_exact_mkl_and_a_shutdown_grace_for_the_checkpoin
     assert worker_environment({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"
 
 
+@pytest.mark.parametrize(("preset", "expected"), [(None, "AUTO,STRICT"), ("COMPATIBLE", "COMPATIBLE")])
+def test_launches_give_workers_alignment_independent_mkl_results(preset: str | None, expected: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "MKL_CBWR"}
+    if preset:
+        env["MKL_CBWR"] = preset  # the user's own choice wins
+    assert worker_environment(env)["MKL_CBWR"] == expected
+
+
 @pytest.mark.parametrize(
     ("mode", "argv", "message"),
     [
@@ -107,6 +115,19 @@ def test_bad_keys_are_one_line_errors(mode: str, argv: list[str], message: str) 
     with pytest.raises(LaunchError) as error:
         planned(mode, *argv)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (["GPUS=0,1", "NPROC_PER_NODE=4"], "nproc_per_node=4 but only 2 visible GPU(s)"),
+        (["GPUS=0", "NPROC_PER_NODE=2"], "NCCL cannot put two ranks on one GPU"),
+    ],
+)
+def test_gpus_key_is_checked_against_the_backend_before_torchrun(keys: list[str], message: str) -> None:
+    launch = plan("single", parse_args(keys, "single"), {}, {})
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        preflight(["task=classification", "data=synthetic", "model=small_cnn", "dist.backend=nccl"], None, launch)
 
 
 def test_a_taken_port_is_refused_on_node_zero() -> None:
@@ -162,114 +183,45 @@ def test_sweep_points_are_the_product_of_the_lists() -> None:
     assert table.splitlines()[2] == "| 0 | optim.lr=0.1 | done | 0.5 | 0.9 | 10 |"
 
 
-def test_script_errors_are_one_line_without_traceback() -> None:
-    for script, argv in (("run_single.sh", ["data=synthetic", "data.batch_size=0"]), ("run_multi.sh", ["NODE_RANK=x"]),
-                         ("check_comm.sh", ["FOO=1"])):  # fmt: skip
-        proc = run(["bash", f"scripts/{script}", *argv], expect_ok=False, timeout=120)
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (script, proc.stderr)
-        assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stdout + proc.stderr
+def test_node_zero_refuses_a_master_port_in_use_before_torchrun() -> None:
+    # In-process twin of tests/e2e/test_multinode.py's script test: check_rendezvous must ask for the port.
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        launch = planned("multi", "NODE_RANK=0", f"MASTER_PORT={port}", "NPROC_PER_NODE=1")
+        with pytest.raises(LaunchError, match=f"MASTER_PORT={port} is already in use on this machine"):
+            check_rendezvous(launch)
 
 
-def test_hydra_flags_pass_through_the_script() -> None:
-    proc = run(["bash", "scripts/run_single.sh", "--cfg", "job", "model=resnet18"])
-    assert "_target_: torchvision.models.resnet18" in proc.stdout
-    helped = run(["bash", "scripts/run_single.sh", "--help"])
-    assert "NPROC_PER_NODE" in helped.stdout and "Powered by Hydra" in helped.stdout
+def test_other_nodes_wait_for_node_zero_a_bounded_time_then_give_a_hint() -> None:
+    port = free_port()  # nobody listens there
+    launch = planned("multi", "NODE_RANK=1", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={port}", "WAIT_FOR_MASTER_S=1",
+                     "NPROC_PER_NODE=1")  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as error:
+        check_rendezvous(launch)
+    assert f"node 0 is not reachable at 127.0.0.1:{port} after 1 s" in str(error.value)
+    assert f"nc -zv 127.0.0.1 {port}" in str(error.value) and time.monotonic() - started < 15
 
 
-JOB = [*SMALL, "trainer.epochs=1", "data.train_size=128", "data.val_size=50"]
-
-
-@pytest.mark.slow
-def test_torchrun_flags_pass_through_the_script(tmp_path: Path) -> None:
-    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path / 'run'}", *JOB, "--",
-         f"--log-dir={tmp_path / 'torchrun_logs'}", "--redirects=3", "--local-ranks-filter=0"])  # fmt: skip
-    logs = list((tmp_path / "torchrun_logs").rglob("stdout.log"))
-    assert len(logs) == 2, "torchrun wrote each rank's output where --log-dir said"
-
-
-@pytest.mark.slow
-def test_a_sweep_runs_each_point_once_and_continues_where_it_stopped(tmp_path: Path) -> None:
-    sweep_dir = tmp_path / "sweep"
-    command = ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"SWEEP_DIR={sweep_dir}", "-m",
-               "optim.lr=0.1,-1,0.05", *JOB]  # fmt: skip
-    first = run(command, expect_ok=False)
-    assert first.returncode == 1, "a failed point makes the sweep's exit code 1"
-    table = (sweep_dir / "results.md").read_text()
-    rows = [line for line in table.splitlines()[2:]]
-    assert len(rows) == 3 and "| done |" in rows[0] and "failed (optim.lr must be a number > 0" in rows[1], table
-    assert "| done |" in rows[2] and table in first.stdout
-    runs = sorted(path.name for path in sweep_dir.iterdir() if path.is_dir())
-    assert runs == ["000_optim.lr=0.1", "001_optim.lr=-1", "002_optim.lr=0.05"]
-    assert read_metrics(sweep_dir / runs[0])[-1]["kind"] == "val"
-    # The third point was interrupted (its status lost): launched again, it resumes from its checkpoint.
-    (sweep_dir / runs[2] / "sweep_point.json").unlink()
-    again = run(command, expect_ok=False)
-    assert "point 0: optim.lr=0.1" in again.stdout and "done before, not trained again" in again.stdout
-    assert "training had already finished" in again.stderr, "the interrupted point resumed, not restarted"
-    assert json.loads((sweep_dir / runs[2] / "sweep_point.json").read_text())["status"] == "done"
-
-
-@pytest.mark.slow
-def test_a_real_bug_is_named_by_rank_with_its_traceback(tmp_path: Path) -> None:
-    project = project_copy(tmp_path / "project")
-    (project / "buggy.py").write_text(
-        "import os\nfrom torch import nn\n\n\nclass Buggy(nn.Linear):\n"
-        "    def forward(self, x):\n        if os.environ.get('RANK') == '1' and not self.training:\n"
-        "            raise RuntimeError('bug in the model on rank 1')\n        return super().forward(x.flatten(1))\n"
-    )
-    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", "MAX_RESTARTS=0", f"RUN_DIR={tmp_path / 'run'}",
-                *JOB, "model._target_=buggy.Buggy", "+model.in_features=3072", "+model.out_features=10",
-                "~model.width", "~model.num_classes"], cwd=project, expect_ok=False)  # fmt: skip
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert re.search(r"rank\s*:\s*1 ", output) and "RuntimeError: bug in the model on rank 1" in output, output[-3000:]
-    assert 'raise RuntimeError("bug' in output or "raise RuntimeError('bug" in output, "the traceback, not only a line"
-
-
-@pytest.mark.slow
-def test_pip_install_gives_a_working_package_with_its_configs(tmp_path: Path) -> None:
-    target = tmp_path / "site"
-    subprocess.run([PYTHON, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
-                    str(target), str(PROJECT_DIR)], check=True, capture_output=True)  # fmt: skip
-    package = "{{cookiecutter.package_name}}"
-    assert (target / package / "configs" / "model" / "small_cnn.yaml").is_file()
-    elsewhere = tmp_path / "elsewhere"  # not the project: only the installed package can be found
-    elsewhere.mkdir()
-    env = {"PYTHONPATH": str(target)}
-    shown = run([str(target / "bin" / f"{package}-train"), "--cfg", "job"], cwd=elsewhere, env=env)
-    assert "_target_:" in shown.stdout
-    trained = run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                   f"{package}.train", f"hydra.run.dir={elsewhere / 'run'}", *JOB], cwd=elsewhere, env=env)  # fmt: skip
-    assert "final: val_loss=" in last_line(trained.stderr)
-    assert sys.modules[package].__file__.startswith(str(PROJECT_DIR)), "the tests themselves use the source tree"
-
-
-@pytest.mark.slow
-def test_an_optuna_sweep_runs_one_torchrun_job_per_trial(tmp_path: Path) -> None:
-    pytest.importorskip("optuna")
-    sweep_dir = tmp_path / "sweep"
-    space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=tag(log,interval(0.01,0.3))"]
-    command = ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"SWEEP_DIR={sweep_dir}", "-m", *space, *JOB]
-    first = run(command)
-    trials = [json.loads((sweep_dir / f"00{i}_trial" / "sweep_point.json").read_text()) for i in (0, 1)]
-    assert [trial["status"] for trial in trials] == ["done", "done"]
-    rates = [trial["params"]["optim.lr"] for trial in trials]
-    assert all(0.01 <= rate <= 0.3 for rate in rates) and rates[0] != rates[1]
-    assert "best trial:" in first.stdout and (sweep_dir / "results.md").read_text().count("| done |") == 2
-    again = run(command)
-    assert again.stdout.count("done before, not trained again") == 2
-
-
-def test_a_second_launch_on_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    holder = lock_run_dir(run_dir)  # this test process plays the first job
+def test_a_run_dir_is_held_by_one_launch_at_a_time_and_freed_with_its_holder(tmp_path: Path) -> None:
+    holder = lock_run_dir(tmp_path / "run")
+    me = f"{socket.gethostname()} pid {os.getpid()}"
     try:
-        with pytest.raises(LaunchError, match=r"run dir .*run is in use by \S+ pid \d+ since 20"):
-            lock_run_dir(run_dir)
-        proc = run(["bash", "scripts/run_single.sh", f"RUN_DIR={run_dir}", *SMALL], expect_ok=False, timeout=120)
-        assert proc.returncode == 2 and f"is in use by {socket.gethostname()} pid" in proc.stderr, proc.stderr
-        assert proc.stderr.count("\n") == 1 and not (run_dir / "logs").exists(), "nothing of the second job ran"
+        with pytest.raises(LaunchError, match=rf"is in use by {re.escape(me)} since"):
+            lock_run_dir(tmp_path / "run")
     finally:
         os.close(holder)
-    os.close(lock_run_dir(run_dir))  # released with its holder: never stale
+    os.close(lock_run_dir(tmp_path / "run"))
+
+
+def test_a_refused_launch_exits_2_with_one_line_and_leaves_no_run_dir(tmp_path: Path, monkeypatch, capsys) -> None:
+    # The launcher's main() in-process: what the launch scripts' refusals (tests/e2e/) see, without their seconds.
+    monkeypatch.chdir(tmp_path)  # run dirs are made under ./outputs
+    with pytest.raises(SystemExit) as exited:
+        main(["single", "NPROC_PER_NODE=2", "task=classification", "data=synthetic", "data.batch_size=0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: data.batch_size must be a whole number >= 1, got 0\n", err
+    assert not (tmp_path / "outputs").exists(), "a refused launch must not create a run dir"

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
-from {{cookiecutter.package_name}}.distributed import DistEnv
 from {{cookiecutter.package_name}}.sampler import ResumableDistributedSampler, eval_shard
 
-
-def env(rank: int, world_size: int) -> DistEnv:
-    return DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
+from .helpers import cpu_env
 
 
 def epoch_keys(size: int, world_size: int, batch_size: int, epoch: int, start: int = 0) -> list[list]:
     """Each rank's keys for one epoch."""
     result = []
     for rank in range(world_size):
-        sampler = ResumableDistributedSampler(size, env(rank, world_size), batch_size, seed=7)
+        sampler = ResumableDistributedSampler(size, cpu_env(rank, world_size), batch_size, seed=7)
         sampler.set_epoch(epoch)
         sampler.set_start(start)
         keys = list(sampler)

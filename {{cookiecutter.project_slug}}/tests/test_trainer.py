@@ -15,7 +15,7 @@ from {{cookiecutter.package_name}}.distributed import DistEnv
 from {{cookiecutter.package_name}}.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.trainer import Trainer, build_trainer, optimizer_steps, prepare_model
 
-from .conftest import SMALL, compose_config
+from .helpers import SMALL, compose_config
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, backend="gloo", device=torch.device("cpu"))
 TINY = [*SMALL, "data.train_size=96", "data.val_size=16"]

@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,8 @@ class Checkpointer:
         self._error: BaseException | None = None
         self._valid: set[Path] = set()  # checkpoints known to load
         self._writing: Path | None = None
+        # Called by the writer thread with the step of each checkpoint once it is on disk; they must not raise.
+        self.on_written: list[Callable[[int], None]] = []
         if is_writer:
             folder.mkdir(parents=True, exist_ok=True)
             for leftover in folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
@@ -145,17 +148,19 @@ class Checkpointer:
         self.wait()
         payload = to_cpu(state)
         path = self._writing = self.folder / checkpoint_name(step)
-        self._thread = threading.Thread(target=self._write, args=(payload, path), name="checkpoint-writer")
+        self._thread = threading.Thread(target=self._write, args=(payload, path, step), name="checkpoint-writer")
         self._thread.start()
         self.last_saved_step = step
         return True
 
-    def _write(self, payload: dict[str, Any], path: Path) -> None:
+    def _write(self, payload: dict[str, Any], path: Path, step: int) -> None:
         try:
             started = time.perf_counter()
             write_atomically(payload, path)
             self._valid.add(path)
             log.info("saved checkpoint %s (written in %.2f s)", path, time.perf_counter() - started)
+            for callback in self.on_written:
+                callback(step)
             self.prune()
         except BaseException as error:  # re-raised on the training thread by wait()
             self._error = error

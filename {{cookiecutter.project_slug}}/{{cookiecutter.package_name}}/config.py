@@ -1,4 +1,5 @@
-"""Typed schema of the configuration: types and rules live here, values live in configs/*.yaml.
+"""Typed schema of the configuration: types and rules live here; each key's default and its
+one-line meaning live in configs/train.yaml (and the group files), nowhere else.
 
 Every yaml file under configs/ extends one of these dataclasses, so Hydra rejects a wrong
 type at composition time, and `to_train_config` runs each section's `check()` before any
@@ -84,6 +85,20 @@ def flag(key: str, value: Any) -> bool:
     return value
 
 
+def step_range(key: str, value: str) -> tuple[int, int] | None:
+    """START:END, optimizer steps numbered as in metrics.jsonl (1: the first); "" is None (off)."""
+    if value == "":
+        return None
+    first, colon, last = value.partition(":")
+    require(
+        colon == ":" and first.isdigit() and last.isdigit() and int(first) >= 1,
+        f"{key}={value!r} is not START:END, steps numbered from 1: give e.g. {key}=5:8 (or 5:5 for one step)",
+    )
+    swapped = f"{max(int(last), 1)}:{first}"
+    require(int(first) <= int(last), f"{key}={value}: START is after END; give START <= END, e.g. {key}={swapped}")
+    return int(first), int(last)
+
+
 def require_target(key: str, node: Any) -> None:
     require(
         isinstance(node, dict) and isinstance(node.get("_target_"), str),
@@ -136,13 +151,15 @@ def check_optim(node: Any) -> None:
 class TrainerConfig:
     epochs: int = MISSING
     log_every_n_steps: int = MISSING
-    record_samples: bool = MISSING  # logs/samples_rank_<R>.jsonl: the sample indices of every step
-    precision: str = MISSING  # fp32 | bf16 (autocast) | fp16 (autocast and a GradScaler)
+    record_samples: bool = MISSING
+    precision: str = MISSING
     channels_last: bool = MISSING
-    compile: bool = MISSING  # torch.compile of the model, before the DDP wrap
-    grad_accum_steps: int = MISSING  # micro-batches per optimizer step, all-reduced once
-    clip_grad_norm: float = MISSING  # 0: no clipping
-    deterministic: bool = MISSING  # deterministic kernels on GPUs: bit-exact resume there, at a cost
+    compile: bool = MISSING
+    grad_accum_steps: int = MISSING
+    clip_grad_norm: float = MISSING
+    deterministic: bool = MISSING
+    profile_steps: str = MISSING
+    memory_snapshot: bool = MISSING
 
     def check(self) -> None:
         require_positive("trainer.epochs", self.epochs)
@@ -152,6 +169,12 @@ class TrainerConfig:
         require(
             self.clip_grad_norm >= 0,
             f"trainer.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}",
+        )
+        profiled = step_range("trainer.profile_steps", self.profile_steps)
+        require(
+            profiled is not None or not self.memory_snapshot,
+            "trainer.memory_snapshot=true records the steps of trainer.profile_steps: set that too, e.g. "
+            "trainer.profile_steps=5:8",
         )
 
 
@@ -163,7 +186,7 @@ class DDPConfig:
     find_unused_parameters: bool = MISSING
     broadcast_buffers: bool = MISSING
     sync_batchnorm: bool = MISSING
-    comm_hook: str = MISSING  # none | fp16 | bf16 | powersgd: see comm_hooks.py
+    comm_hook: str = MISSING
     powersgd_rank: int = MISSING
     powersgd_start_iter: int = MISSING
 
@@ -179,7 +202,7 @@ class DDPConfig:
 
 @dataclass
 class DistConfig:
-    backend: str = MISSING  # auto | nccl | gloo | mpi
+    backend: str = MISSING
     timeout_s: int = MISSING
 
     def check(self) -> None:
@@ -189,9 +212,9 @@ class DistConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_n_steps: int = MISSING  # 0 saves only at epoch ends and at the end
+    every_n_steps: int = MISSING
     keep_last: int = MISSING
-    resume: str = MISSING  # auto | never | <path to a checkpoint>
+    resume: str = MISSING
 
     def check(self) -> None:
         require(self.every_n_steps >= 0, f"checkpoint.every_n_steps must be >= 0, got {self.every_n_steps}")
@@ -203,6 +226,20 @@ class LogConfig:
     all_ranks_console: bool = MISSING
 {%- if cookiecutter.tensorboard == "yes" %}
     tensorboard: bool = MISSING
+{%- endif %}
+{%- if cookiecutter.mlflow == "yes" %}
+    mlflow: bool = MISSING
+    mlflow_tracking_uri: str = MISSING
+    mlflow_experiment: str = MISSING
+{%- endif %}
+{%- if cookiecutter.wandb == "yes" %}
+    wandb: bool = MISSING
+    wandb_project: str = MISSING
+    wandb_entity: str = MISSING
+    wandb_mode: str = MISSING
+
+    def check(self) -> None:
+        require_choice("log.wandb_mode", self.wandb_mode, ("online", "offline"))
 {%- endif %}
 
 

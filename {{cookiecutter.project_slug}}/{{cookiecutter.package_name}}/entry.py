@@ -33,10 +33,14 @@ from .config import (
 from .data import build_data
 from .distributed import choose_backend, distributed, process_env
 from .evaluate import evaluate
+from .hangs import keep_ddp_working_on_gloo
 from .launch import die_with_parent
 from .logs import setup_logging
 from .preemption import Preempted
 from .rundir import register_resolvers
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+from .trackers import check_installed as check_trackers_installed
+{%- endif %}
 from .trainer import build_trainer
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,9 @@ def check_launch(cfg: DictConfig, run_dir: Path | None, local_world_size: int, v
     would resume from. Nothing is written."""
     config = to_train_config(cfg)
     choose_backend(config.dist.backend, visible_gpus, local_world_size, torch.distributed.is_mpi_available())
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+    check_trackers_installed(config.log)
+{%- endif %}
     model = check_components(config)
     check_room_for_checkpoints(run_dir if run_dir is not None else Path("outputs"), model)
     folder = (run_dir if run_dir is not None else Path("outputs") / "(new run)") / "checkpoints"
@@ -142,7 +149,8 @@ def run_train(cfg: DictConfig) -> None:
     def body() -> None:
         config = to_train_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        process_env(config.dist)  # an impossible backend fails here, before any process group
+        choice = process_env(config.dist)[4]  # an impossible backend fails here, before any process group
+        keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
         with distributed(config.dist) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)

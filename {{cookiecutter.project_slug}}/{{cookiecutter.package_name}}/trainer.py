@@ -21,15 +21,20 @@ from .config import JobError, TrainConfig, to_plain_dict
 from .data import Data, build_data
 from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, weights_fingerprint, wrap_ddp
 from .evaluate import EvalResult, evaluate
+from .hangs import StallWatch, build_stall_watch
 from .logs import MetricsLog, use_progress_bar
 from .models import count_parameters
 from .optim import lr_at, set_lr
 from .preemption import STOPPED_MARKER, Preempted, StopOnSigterm
+from .profiling import Profiler, build_profiler
 from .randomness import gather_rank_states, restore_rank_state, seed_rank
 from .sampler import ResumableDistributedSampler
 from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
 from .tensorboard_log import TensorBoardLog
+{%- endif %}
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+from .trackers import Trackers
 {%- endif %}
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,11 @@ class Trainer:
     metrics: MetricsLog
     sample_audit: MetricsLog  # logs/samples_rank_<R>.jsonl, when trainer.record_samples is on
     plain_config: dict[str, Any]  # the config as a checkpoint stores it
+    stalls: StallWatch  # a rank that stalls is named; DEBUG=1 keeps every rank's stacks (hangs.py)
+    profiler: Profiler  # trainer.profile_steps (profiling.py); a no-op without it
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+    trackers: Trackers  # the experiment-tracker runs (trackers.py), fed by rank 0
+{%- endif %}
     state: TrainState = field(default_factory=TrainState)
 
     def state_dict(self) -> dict[str, Any]:
@@ -99,6 +109,9 @@ class Trainer:
             "rank_states": gather_rank_states(self.env.device),  # dropout and the like resume exactly
             "world_size": self.env.world_size,
             "config": self.plain_config,
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+            "trackers": self.trackers.state_dict(),  # their run ids: a resume continues the same runs
+{%- endif %}
         }
 
     def load_state_dict(self, payload: dict[str, Any], source: Path | str = "checkpoint") -> None:
@@ -109,6 +122,9 @@ class Trainer:
         self.state = TrainState(payload["epoch"], payload["step"], payload["samples_in_epoch"])
         self.runner.load_state_dict(payload["grad_scaler"])
         load_hook_state(self.comm_hook, payload["comm_hook"])
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+        self.trackers.load_state_dict(payload.get("trackers", {}))  # none in checkpoints from before trackers
+{%- endif %}
         env = self.env
         if not restore_rank_state(
             payload["rank_states"], self.config.seed, self.state.step, env.rank, env.world_size, env.device
@@ -171,6 +187,8 @@ class Trainer:
     def train_step(self, step: OptimizerStep, interval: Interval) -> None:
         """One optimizer step over its micro-batches; gradients all-reduced once, with the last."""
         config, state = self.config, self.state
+        self.stalls.begin_step(state.step + 1)
+        self.profiler.step(state.step + 1)
         progress = state.epoch + (state.samples_in_epoch + step.real_samples) / self.data.sampler.dataset_size
         set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
         for number, (inputs, targets, weights, indices) in enumerate(step.micro_batches, 1):
@@ -231,7 +249,8 @@ class Trainer:
         """Train the remaining epochs and return the last evaluation."""
         stop = StopOnSigterm()
         try:
-            result = self.train_epochs(stop)
+            with self.stalls.naming_stalls():  # a collective that timed out names the ranks that stalled
+                result = self.train_epochs(stop)
         except BaseException:
             stop.close(wait=False)  # a peer may be gone: waiting for it could hang
             raise
@@ -240,6 +259,8 @@ class Trainer:
         finally:
             self.checkpoints.wait()  # the end of the job waits for the last write
             self.metrics.close()
+            self.profiler.close()
+            self.stalls.close()
         if result is None:
             log.info("training had already finished at step %d; evaluating", self.state.step)
             result = self.validate()
@@ -314,6 +335,11 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         metrics=MetricsLog(run_dir / "metrics.jsonl", enabled=env.is_main),
         sample_audit=MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", config.trainer.record_samples),
         plain_config=to_plain_dict(config),
+        stalls=build_stall_watch(env.rank, env.world_size, config.dist.timeout_s),
+        profiler=build_profiler(config.trainer, run_dir, env),
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+        trackers=Trackers(config.log, run_dir),
+{%- endif %}
     )
     checkpoints.save_config(trainer.plain_config)
     found = agree_on_checkpoint(checkpoints.find_resume_payload(), env)
@@ -325,5 +351,12 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
 {%- if cookiecutter.tensorboard == "yes" %}
     if config.log.tensorboard and env.is_main:
         trainer.metrics.sinks.append(TensorBoardLog(run_dir / "tb", purge_step=trainer.state.step + 1))
+{%- endif %}
+{%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
+    if env.is_main:  # a record reaches the trackers once a checkpoint covers its step: no resume redoes it
+        own_checkpoint = found is None or found[0] != Path(config.checkpoint.resume)  # not another run's
+        trainer.trackers.start(trainer.state.step, trainer.metrics.path, trainer.plain_config, own_checkpoint)
+        trainer.metrics.sinks.append(trainer.trackers)
+        checkpoints.on_written.append(trainer.trackers.commit)
 {%- endif %}
     return trainer

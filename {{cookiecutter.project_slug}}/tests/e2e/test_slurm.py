@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROJECT_DIR, SMALL, job_env, read_metrics
-from .local_slurm import local_slurm, slurm_unavailable_reason, wait_for_job
+from ..helpers import PROJECT_DIR, SMALL, job_env, read_metrics
+from ..local_slurm import local_slurm, slurm_unavailable_reason, wait_for_job
 
 pytestmark = pytest.mark.slow
 

@@ -16,32 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROJECT_DIR, SMALL, job_env, read_metrics, run
+from ..helpers import PROJECT_DIR, SMALL, finish_nodes, free_port, job_env, node, read_metrics, run
 
 JOB = [*SMALL, "trainer.epochs=1", "data.train_size=512", "data.val_size=200"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def node(rank: int, port: int, *args: str, project: Path = PROJECT_DIR, script: str = "run_multi.sh"):
-    """One node: a launch script in a session of its own, output captured."""
-    cmd = ["bash", str(project / "scripts" / script), f"NODE_RANK={rank}", "MASTER_ADDR=127.0.0.1",
-           f"MASTER_PORT={port}", "NPROC_PER_NODE=1", *args]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=project, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-
-
-def finish(*procs: subprocess.Popen[str], timeout: float = 240) -> list[str]:
-    outputs = []
-    for proc in procs:
-        output, _ = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, output[-4000:]
-        outputs.append(output)
-    return outputs
 
 
 def fingerprints(run_dir: Path) -> dict[str, str]:
@@ -74,6 +51,9 @@ def kill_node(proc: subprocess.Popen[str]) -> None:
     proc.communicate(timeout=30)
 
 
+# The three below start the launch script and stop before torchrun, several seconds each: in the slow set,
+# as tests/test_launch.py checks the same refusals in-process (check_rendezvous, the keys).
+@pytest.mark.slow
 def test_bad_input_is_refused_before_torchrun() -> None:
     # Every case is checked in-process by test_launch.py; here one goes through the script.
     proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=2", "NNODES=2"], expect_ok=False, timeout=60)
@@ -82,6 +62,7 @@ def test_bad_input_is_refused_before_torchrun() -> None:
     assert "torch.distributed" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_node_zero_refuses_a_taken_port() -> None:
     with socket.socket() as taken:
         taken.bind(("", 0))
@@ -92,6 +73,7 @@ def test_node_zero_refuses_a_taken_port() -> None:
     assert f"MASTER_PORT={port} is already in use on this machine" in proc.stderr
 
 
+@pytest.mark.slow
 def test_other_nodes_wait_for_the_master_then_give_a_hint() -> None:
     port = free_port()
     started = time.monotonic()
@@ -108,7 +90,7 @@ def test_two_static_nodes_train_together_with_identical_weights() -> None:
     port = free_port()
     run_name = f"static_{uuid.uuid4().hex[:8]}"
     first, second = node(1, port, f"RUN_NAME={run_name}", *JOB), node(0, port, f"RUN_NAME={run_name}", *JOB)
-    outputs = finish(second, first)
+    outputs = finish_nodes(second, first)
     run_dir = PROJECT_DIR / "outputs" / run_name
     try:
         prints = fingerprints(run_dir)
@@ -128,7 +110,7 @@ def test_resume_without_a_shared_filesystem_sends_the_checkpoint(tmp_path: Path)
     for epochs in (1, 2):
         port = free_port()
         args = ("RUN_NAME=shared_nothing", *JOB, f"trainer.epochs={epochs}")
-        finish(node(0, port, *args, project=projects[0]), node(1, port, *args, project=projects[1]))
+        finish_nodes(node(0, port, *args, project=projects[0]), node(1, port, *args, project=projects[1]))
     node1_dir = projects[1] / "outputs" / "shared_nothing"
     assert not list((node1_dir / "checkpoints").glob("step_*.pt")), "only global rank 0 writes checkpoints"
     assert "received it from rank 0" in (node1_dir / "logs" / "rank_1.log").read_text()
@@ -148,7 +130,7 @@ def test_elastic_node_joining_restarts_with_the_larger_world_and_resumes() -> No
     try:
         wait_for_file("checkpoints/step_00000010.pt", run_dir)
         second = node(1, port, f"RUN_NAME={run_name}", *ELASTIC)
-        finish(first, second)
+        finish_nodes(first, second)
         log = (run_dir / "logs" / "rank_0.log").read_text()
         assert "world size 1" in log and re.search(r"resumed from .*\(saved by 1 processes, now 2\)", log)
         prints = fingerprints(run_dir)
@@ -166,7 +148,7 @@ def test_elastic_job_goes_on_when_a_node_is_killed() -> None:
     try:
         wait_for_file("checkpoints/step_00000010.pt", run_dir)
         kill_node(second)
-        (output,) = finish(first)
+        (output,) = finish_nodes(first)
         log = (run_dir / "logs" / "rank_0.log").read_text()
         assert re.search(r"resumed from .*\(saved by 2 processes, now 1\)", log), log[-2000:]
         assert "final: val_loss=" in output
@@ -239,7 +221,7 @@ def test_two_nodes_in_network_namespaces_over_a_real_address(two_hosts) -> None:
         for rank, prefix in enumerate(prefixes)
     ]
     try:
-        outputs = finish(*procs)
+        outputs = finish_nodes(*procs)
         prints = fingerprints(run_dir)
         assert set(prints) == {"rank_0", "rank_1"} and len(set(prints.values())) == 1, prints
         assert "world size 2" in outputs[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROJECT_DIR, PYTHON, SMALL, last_line, read_metrics, run, torchrun
+from ..helpers import PROJECT_DIR, PYTHON, SMALL, last_line, read_metrics, run, torchrun
 
 pytestmark = pytest.mark.slow
 

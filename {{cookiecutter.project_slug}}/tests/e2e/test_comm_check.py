@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from .conftest import run
-from .test_multinode import finish, free_port, node
+from ..helpers import finish_nodes, free_port, node, run
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +30,7 @@ def test_one_node() -> None:
 
 def test_two_nodes_with_the_launcher_keys() -> None:
     port = free_port()
-    outputs = finish(node(1, port, script="check_comm.sh"), node(0, port, script="check_comm.sh"))
+    outputs = finish_nodes(node(1, port, script="check_comm.sh"), node(0, port, script="check_comm.sh"))
     assert_report(outputs[1], 2)
 
 

@@ -11,10 +11,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.datasets import stdlib_sources, text
+from {{cookiecutter.package_name}}.datasets import text
 
-from .conftest import PYTHON, read_metrics, run, torchrun
-from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
+from ..helpers import (
+    PYTHON,
+    assert_bit_identical,
+    finish,
+    read_metrics,
+    run,
+    start,
+    steps_saved,
+    torchrun,
+    wait_for,
+    worker_pid,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -27,24 +37,6 @@ def unigram_entropy_nats(data: torch.Tensor) -> float:
     counts = torch.bincount(data.long(), minlength=256).double()
     p = counts[counts > 0] / counts.sum()
     return float(-(p * p.log()).sum())
-
-
-def test_text_splits_the_corpus_by_file_and_draws_windows_per_sample() -> None:
-    files = stdlib_sources()
-    assert len(files) > 100 and all(path.suffix == ".py" for path in files)
-    train, val = text(None, block_size=64, train_samples=10, val_samples=5)
-    assert len(train.data) > 3 * len(val.data) > 0, "every 10th file is validation"
-    from {{cookiecutter.package_name}}.randomness import building_sample
-
-    with building_sample(0, 1, 3):
-        x, y = train[3]
-    with building_sample(0, 1, 3):
-        again, _ = train[3]
-    with building_sample(0, 2, 3):
-        other, _ = train[3]
-    assert x.shape == y.shape == (64,) and torch.equal(x[1:], y[:-1])
-    assert torch.equal(x, again) and not torch.equal(x, other), "a window is a function of (seed, epoch, index)"
-    assert torch.equal(val[2][0], val[2][0])
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import SMALL, run
+from ..helpers import SMALL, run
 
 pytestmark = pytest.mark.slow
 

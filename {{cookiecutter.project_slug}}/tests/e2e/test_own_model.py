@@ -1,5 +1,5 @@
 """The open seam as users meet it: the README's own-model example, a torchvision model by one
-yaml file, and `_target_`s that cannot work refused before any process starts."""
+yaml file, and a `_target_` that cannot work refused by the launch script."""
 
 from __future__ import annotations
 
@@ -10,11 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.components import check_components
-from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
-
-from .conftest import PROJECT_DIR, compose_config, last_line, project_copy, read_metrics, run
-from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
+from ..helpers import (
+    PROJECT_DIR,
+    assert_bit_identical,
+    finish,
+    last_line,
+    project_copy,
+    read_metrics,
+    run,
+    start,
+    steps_saved,
+    wait_for,
+    worker_pid,
+)
 
 KILL_TEST = ["trainer.epochs=2", "checkpoint.every_n_steps=4", "checkpoint.keep_last=50"]
 
@@ -61,7 +69,7 @@ def test_readme_example_trains_and_resumes_bit_identically_with_dropout(own_proj
     os.kill(worker_pid(killed, 1), signal.SIGKILL)
     code, output = finish(proc)
     assert code == 0 and "resumed from" in output, output[-3000:]
-    assert_bit_identical(reference, killed)  # dropout draws resumed from the saved generator states
+    assert_bit_identical(reference, killed, step=48)  # dropout draws resumed from the saved generator states
 
 
 @pytest.mark.slow
@@ -85,25 +93,9 @@ def test_a_torchvision_model_is_one_yaml_file(tmp_path: Path) -> None:
     assert read_metrics(tmp_path / "run")[-1]["kind"] == "val"
 
 
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("model._target_=nowhere.Model", "model._target_=nowhere.Model does not import (ModuleNotFoundError"),
-        ("model._target_=torch.nn.Nope", "model._target_=torch.nn.Nope does not import (AttributeError"),
-        ("model._target_=builtins.dict", "model._target_=builtins.dict returned a dict, not a torch.nn.Module"),
-        ("data.dataset._target_=builtins.list", "data.dataset._target_=builtins.list failed: TypeError"),
-        ("data.dataset._target_=builtins.dict", "data.dataset._target_=builtins.dict returned a dict, not a pair"),
-        ("optim._target_=torch.optim.Nope", "optim._target_=torch.optim.Nope does not import"),
-        ("task._target_={{cookiecutter.package_name}}.tasks.LanguageModel", "model, data and task do not fit together"),
-    ],
-)
-def test_a_target_that_cannot_work_is_refused_naming_the_key(override: str, message: str) -> None:
-    config = to_train_config(compose_config(["data=synthetic", "model=small_cnn", override]))
-    with pytest.raises(ConfigError) as error:
-        check_components(config)
-    assert message in str(error.value) and "\n" not in str(error.value)
-
-
+# Several seconds to start the launcher and be refused: in the slow set, as tests/test_components.py
+# checks the same refusals in-process.
+@pytest.mark.slow
 def test_a_target_that_cannot_work_stops_the_launch_script_with_one_line() -> None:
     proc = run(["bash", "scripts/run_single.sh", "data=synthetic", "model._target_=builtins.dict"], expect_ok=False)
     assert proc.returncode == 2 and "returned a dict, not a torch.nn.Module" in proc.stderr, proc.stderr

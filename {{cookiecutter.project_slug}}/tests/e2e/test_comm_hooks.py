@@ -1,18 +1,25 @@
-"""Communication options: compression hooks, GPU selection, backend choice."""
+"""Communication options in real jobs: compression hooks, GPU selection, backend choice."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 
 import pytest
 import torch.distributed as dist
 
-from {{cookiecutter.package_name}}.launch import LaunchError, parse_args, plan, preflight
-
-from .conftest import SMALL, read_metrics, run
-from .test_checkpoint import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
+from ..helpers import (
+    SMALL,
+    assert_bit_identical,
+    finish,
+    read_metrics,
+    run,
+    start,
+    steps_saved,
+    torchrun,
+    wait_for,
+    worker_pid,
+)
 
 
 @pytest.mark.slow
@@ -52,19 +59,6 @@ def test_powersgd_resumes_after_sigkill_from_its_saved_state(tmp_path) -> None:
     assert "0.0.weight" in errors and any(tensor.abs().sum() > 0 for tensor in errors.values())
 
 
-@pytest.mark.parametrize(
-    ("keys", "message"),
-    [
-        (["GPUS=0,1", "NPROC_PER_NODE=4"], "nproc_per_node=4 but only 2 visible GPU(s)"),
-        (["GPUS=0", "NPROC_PER_NODE=2"], "NCCL cannot put two ranks on one GPU"),
-    ],
-)
-def test_gpus_key_is_checked_against_the_backend_before_torchrun(keys: list[str], message: str) -> None:
-    launch = plan("single", parse_args(keys, "single"), {}, {})
-    with pytest.raises(LaunchError, match=re.escape(message)):
-        preflight(["task=classification", "data=synthetic", "model=small_cnn", "dist.backend=nccl"], None, launch)
-
-
 @pytest.mark.slow
 def test_gpus_key_sets_one_process_per_listed_gpu(tmp_path) -> None:
     proc = run(["bash", "scripts/run_single.sh", "GPUS=0,1,2", f"RUN_DIR={tmp_path}", *SMALL, "trainer.epochs=1",
@@ -73,6 +67,9 @@ def test_gpus_key_sets_one_process_per_listed_gpu(tmp_path) -> None:
     assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank_0.log", "rank_1.log", "rank_2.log"}
 
 
+# The two below start the launcher only to be refused, several seconds each: in the slow set, as
+# tests/test_distributed.py (the backend) and tests/test_config.py (the hook settings) check them in-process.
+@pytest.mark.slow
 @pytest.mark.skipif(dist.is_mpi_available(), reason="this torch has MPI: the backend is accepted")
 def test_mpi_is_refused_with_a_hint_where_torch_lacks_it() -> None:
     proc = run(["bash", "scripts/run_single.sh", "dist.backend=mpi"], expect_ok=False)
@@ -80,6 +77,7 @@ def test_mpi_is_refused_with_a_hint_where_torch_lacks_it() -> None:
     assert "dist.backend=mpi: this torch was built without MPI; use dist.backend=gloo or nccl" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["ddp.comm_hook=int8", "ddp.powersgd_rank=0", "ddp.powersgd_start_iter=1"])
 def test_bad_hook_settings_are_refused(override: str) -> None:
     proc = run(["bash", "scripts/run_single.sh", override], expect_ok=False)
@@ -88,8 +86,6 @@ def test_bad_hook_settings_are_refused(override: str) -> None:
 
 @pytest.mark.slow
 def test_benchmark_gives_one_row_per_hook() -> None:
-    from .conftest import torchrun
-
     proc = torchrun("benchmarks/comm_hooks.py", 2, "--steps=2", "--warmup=3")
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[-4:]}
     assert set(rows) == {"none", "fp16", "bf16", "powersgd"}

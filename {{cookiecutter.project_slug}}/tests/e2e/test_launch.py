@@ -1,0 +1,177 @@
+"""The launch scripts and the launcher as users run them: errors, pass-through, sweeps, GPUs, installs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from {{cookiecutter.package_name}}.launch import Forwarder, LaunchError, lock_run_dir, parse_args, plan, torchrun
+
+from ..helpers import PROJECT_DIR, PYTHON, SMALL, last_line, project_copy, read_metrics, run
+
+
+# The one quick test of the three scripts themselves: each hands its mode and arguments to the launcher.
+def test_script_errors_are_one_line_without_traceback() -> None:
+    for script, argv in (("run_single.sh", ["data=synthetic", "data.batch_size=0"]), ("run_multi.sh", ["NODE_RANK=x"]),
+                         ("check_comm.sh", ["FOO=1"])):  # fmt: skip
+        proc = run(["bash", f"scripts/{script}", *argv], expect_ok=False, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (script, proc.stderr)
+        assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stdout + proc.stderr
+
+
+# Quick although it starts torchrun (one process, a probe that imports nothing heavy): GPUS= must reach
+# the workers through the launcher's own path, plan() then torchrun(), and nothing in-process sees that.
+def test_gpus_key_gives_one_process_per_gpu_and_reaches_it_as_cuda_visible_devices(monkeypatch, capfd) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what the shell had: GPUS= must win over it
+    monkeypatch.chdir(PROJECT_DIR)  # the probe runs as the module tests.worker_env_probe
+    launch = plan("single", parse_args(["GPUS=3"], "single"), dict(os.environ), {})
+    forwarder = Forwarder()
+    try:
+        code = torchrun(launch, "tests.worker_env_probe", [], forwarder)
+    finally:
+        forwarder.close()
+    output = capfd.readouterr()
+    assert code == 0, output.out + output.err[-3000:]
+    seen = [json.loads(line) for line in output.out.splitlines() if line.startswith("{")]
+    assert seen == [{"RANK": "0", "WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": "3"}], output.out
+
+
+def outputs_snapshot() -> set[Path]:
+    root = PROJECT_DIR / "outputs"
+    return set(root.iterdir()) if root.exists() else set()
+
+
+# Several seconds each to start the launcher, which refuses before torchrun: in the slow set, as
+# tests/test_launch.py and tests/test_config.py check the same refusals in-process.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [  # one of each kind, through the script; test_launch.py checks every case in-process
+        (["data=synthetic", "data.batch_size=0"], "data.batch_size must be a whole number >= 1, got 0"),
+        (["NPROC_PER_NODE=two"], "NPROC_PER_NODE=two is not a whole number"),
+        (["model=vgg11"], "Could not find 'model/vgg11'; choose one of: gpt, resnet18, resnet50, small_cnn"),
+        (["data=image_folder", "data.root=/nonexistent"], "image_folder: /nonexistent/train does not exist"),
+    ],
+)
+def test_launch_script_rejects_bad_input_before_torchrun(args: list[str], message: str) -> None:
+    before = outputs_snapshot()
+    proc = run(["bash", "scripts/run_single.sh", *args], expect_ok=False, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1, "one line that says what is wrong and what to do"
+    assert "Traceback" not in proc.stderr and "torch.distributed" not in proc.stdout
+    assert outputs_snapshot() == before, "a rejected launch must not create a run dir"
+
+
+@pytest.mark.slow
+def test_hydra_flags_pass_through_the_script() -> None:
+    proc = run(["bash", "scripts/run_single.sh", "--cfg", "job", "model=resnet18"])
+    assert "_target_: torchvision.models.resnet18" in proc.stdout
+    helped = run(["bash", "scripts/run_single.sh", "--help"])
+    assert "NPROC_PER_NODE" in helped.stdout and "Powered by Hydra" in helped.stdout
+
+
+@pytest.mark.slow
+def test_a_second_launch_on_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    holder = lock_run_dir(run_dir)  # this test process plays the first job
+    try:
+        with pytest.raises(LaunchError, match=r"run dir .*run is in use by \S+ pid \d+ since 20"):
+            lock_run_dir(run_dir)
+        proc = run(["bash", "scripts/run_single.sh", f"RUN_DIR={run_dir}", *SMALL], expect_ok=False, timeout=120)
+        assert proc.returncode == 2 and f"is in use by {socket.gethostname()} pid" in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and not (run_dir / "logs").exists(), "nothing of the second job ran"
+    finally:
+        os.close(holder)
+    os.close(lock_run_dir(run_dir))  # released with its holder: never stale
+
+
+JOB = [*SMALL, "trainer.epochs=1", "data.train_size=128", "data.val_size=50"]
+
+
+@pytest.mark.slow
+def test_torchrun_flags_pass_through_the_script(tmp_path: Path) -> None:
+    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path / 'run'}", *JOB, "--",
+         f"--log-dir={tmp_path / 'torchrun_logs'}", "--redirects=3", "--local-ranks-filter=0"])  # fmt: skip
+    logs = list((tmp_path / "torchrun_logs").rglob("stdout.log"))
+    assert len(logs) == 2, "torchrun wrote each rank's output where --log-dir said"
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_each_point_once_and_continues_where_it_stopped(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    command = ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"SWEEP_DIR={sweep_dir}", "-m",
+               "optim.lr=0.1,-1,0.05", *JOB]  # fmt: skip
+    first = run(command, expect_ok=False)
+    assert first.returncode == 1, "a failed point makes the sweep's exit code 1"
+    table = (sweep_dir / "results.md").read_text()
+    rows = [line for line in table.splitlines()[2:]]
+    assert len(rows) == 3 and "| done |" in rows[0] and "failed (optim.lr must be a number > 0" in rows[1], table
+    assert "| done |" in rows[2] and table in first.stdout
+    runs = sorted(path.name for path in sweep_dir.iterdir() if path.is_dir())
+    assert runs == ["000_optim.lr=0.1", "001_optim.lr=-1", "002_optim.lr=0.05"]
+    assert read_metrics(sweep_dir / runs[0])[-1]["kind"] == "val"
+    # The third point was interrupted (its status lost): launched again, it resumes from its checkpoint.
+    (sweep_dir / runs[2] / "sweep_point.json").unlink()
+    again = run(command, expect_ok=False)
+    assert "point 0: optim.lr=0.1" in again.stdout and "done before, not trained again" in again.stdout
+    assert "training had already finished" in again.stderr, "the interrupted point resumed, not restarted"
+    assert json.loads((sweep_dir / runs[2] / "sweep_point.json").read_text())["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_real_bug_is_named_by_rank_with_its_traceback(tmp_path: Path) -> None:
+    project = project_copy(tmp_path / "project")
+    (project / "buggy.py").write_text(
+        "import os\nfrom torch import nn\n\n\nclass Buggy(nn.Linear):\n"
+        "    def forward(self, x):\n        if os.environ.get('RANK') == '1' and not self.training:\n"
+        "            raise RuntimeError('bug in the model on rank 1')\n        return super().forward(x.flatten(1))\n"
+    )
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", "MAX_RESTARTS=0", f"RUN_DIR={tmp_path / 'run'}",
+                *JOB, "model._target_=buggy.Buggy", "+model.in_features=3072", "+model.out_features=10",
+                "~model.width", "~model.num_classes"], cwd=project, expect_ok=False)  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert re.search(r"rank\s*:\s*1 ", output) and "RuntimeError: bug in the model on rank 1" in output, output[-3000:]
+    assert 'raise RuntimeError("bug' in output or "raise RuntimeError('bug" in output, "the traceback, not only a line"
+
+
+@pytest.mark.slow
+def test_pip_install_gives_a_working_package_with_its_configs(tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run([PYTHON, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
+                    str(target), str(PROJECT_DIR)], check=True, capture_output=True)  # fmt: skip
+    package = "{{cookiecutter.package_name}}"
+    assert (target / package / "configs" / "model" / "small_cnn.yaml").is_file()
+    elsewhere = tmp_path / "elsewhere"  # not the project: only the installed package can be found
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": str(target)}
+    shown = run([str(target / "bin" / f"{package}-train"), "--cfg", "job"], cwd=elsewhere, env=env)
+    assert "_target_:" in shown.stdout
+    trained = run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                   f"{package}.train", f"hydra.run.dir={elsewhere / 'run'}", *JOB], cwd=elsewhere, env=env)  # fmt: skip
+    assert "final: val_loss=" in last_line(trained.stderr)
+    assert sys.modules[package].__file__.startswith(str(PROJECT_DIR)), "the tests themselves use the source tree"
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_runs_one_torchrun_job_per_trial(tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    sweep_dir = tmp_path / "sweep"
+    space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=tag(log,interval(0.01,0.3))"]
+    command = ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"SWEEP_DIR={sweep_dir}", "-m", *space, *JOB]
+    first = run(command)
+    trials = [json.loads((sweep_dir / f"00{i}_trial" / "sweep_point.json").read_text()) for i in (0, 1)]
+    assert [trial["status"] for trial in trials] == ["done", "done"]
+    rates = [trial["params"]["optim.lr"] for trial in trials]
+    assert all(0.01 <= rate <= 0.3 for rate in rates) and rates[0] != rates[1]
+    assert "best trial:" in first.stdout and (sweep_dir / "results.md").read_text().count("| done |") == 2
+    again = run(command)
+    assert again.stdout.count("done before, not trained again") == 2

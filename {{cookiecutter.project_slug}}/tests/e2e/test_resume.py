@@ -1,0 +1,311 @@
+"""Checkpoints and exact resume, tested the hard way: real torchrun jobs killed from outside."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.checkpoint import list_checkpoints, load_checkpoint
+
+from ..helpers import (
+    PROJECT_DIR,
+    SMALL,
+    assert_bit_identical,
+    finish,
+    read_metrics,
+    run,
+    start,
+    steps_saved,
+    wait_for,
+    worker_pid,
+)
+
+pytestmark = pytest.mark.slow
+
+# 3 epochs of 16 steps on 2 processes, a checkpoint every 5 steps, augmentation on: about 0.1 s a step.
+JOB = [*SMALL, "trainer.epochs=3", "checkpoint.every_n_steps=5", "checkpoint.keep_last=20", "data.augment=true"]
+LAST_STEP = 48
+
+
+def starts_logged(run_dir: Path) -> int:
+    path = run_dir / "logs" / "rank_0.log"
+    return path.read_text().count("run dir:") if path.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run every interrupted one must match bit for bit."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    code, output = finish(start(run_dir, 2, *JOB))
+    assert code == 0, output[-3000:]
+    assert steps_saved(run_dir)[-1] == LAST_STEP
+    return run_dir
+
+
+def test_checkpoints_are_plain_and_load_with_weights_only(reference: Path) -> None:
+    assert steps_saved(reference) == [5, 10, 15, 16, 20, 25, 30, 32, 35, 40, 45, 48]
+    path = reference / "checkpoints" / f"step_{LAST_STEP:08d}.pt"
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    assert {"format_version", "model", "optimizer", "epoch", "step", "samples_in_epoch", "config"} <= payload.keys()
+    assert payload["step"] == LAST_STEP and payload["epoch"] == 3 and payload["samples_in_epoch"] == 0
+    assert isinstance(payload["config"], dict) and payload["config"]["model"]["_target_"].endswith(".SmallCNN")
+    assert (reference / "checkpoints" / "config.yaml").read_text().startswith("seed: 0")
+    sources = "".join(p.read_text() for p in (PROJECT_DIR / "{{cookiecutter.package_name}}").glob("*.py"))
+    assert "weights_only=False" not in sources
+
+
+def test_sigkill_of_a_worker_is_restarted_and_ends_bit_identical(reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, 2, *JOB)
+    wait_for(lambda: 10 in steps_saved(run_dir), "the checkpoint of step 10")
+    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-3000:]
+    assert starts_logged(run_dir) == 2, "torchrun must have restarted the workers once"
+    assert re.search(r"resumed from .*step_000000(10|15)\.pt", output)
+    assert_bit_identical(reference, run_dir, step=LAST_STEP)
+
+
+def test_on_device_data_trains_bit_identical_to_the_loader_path(reference: Path, tmp_path: Path) -> None:
+    code, output = finish(start(tmp_path, 2, *JOB, "data.on_device=true"))
+    assert code == 0, output[-3000:]
+    assert_bit_identical(reference, tmp_path, step=LAST_STEP)
+
+
+def test_killed_several_times_still_ends_bit_identical(reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, 2, *JOB, max_restarts=5)
+    for kill_at, rank in ((5, 0), (20, 1), (35, 0)):
+        wait_for(lambda step=kill_at: step in steps_saved(run_dir), f"the checkpoint of step {kill_at}")
+        os.kill(worker_pid(run_dir, rank), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-3000:]
+    assert starts_logged(run_dir) == 4
+    assert_bit_identical(reference, run_dir, step=LAST_STEP)
+
+
+def test_kill_during_a_checkpoint_write_keeps_every_checkpoint_whole(tmp_path: Path) -> None:
+    # resnet18: a 90 MB checkpoint takes long enough to write that the kill lands inside the write.
+    job = [
+        "model=resnet18",
+        "data.train_size=64",
+        "data.val_size=16",
+        "data.batch_size=4",
+        "trainer.epochs=1",
+        "checkpoint.every_n_steps=1",
+        "checkpoint.keep_last=20",
+    ]
+    reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    code, output = finish(start(reference_dir, 2, *job))
+    assert code == 0, output[-3000:]
+    proc = start(run_dir, 2, *job)
+    folder = run_dir / "checkpoints"
+    wait_for(
+        lambda: 3 in steps_saved(run_dir) and any(p.name.startswith(".tmp_") for p in folder.iterdir()),
+        "a checkpoint being written",
+    )
+    os.kill(worker_pid(run_dir, 0), signal.SIGKILL)  # rank 0 is the writer
+    time.sleep(0.05)
+    for path in list_checkpoints(folder):  # never a partial file under a checkpoint's name
+        load_checkpoint(path)
+    code, output = finish(proc)
+    assert code == 0, output[-3000:]
+    assert not any(p.name.startswith(".tmp_") for p in folder.iterdir())
+    assert_bit_identical(reference_dir, run_dir, step=8)
+
+
+def test_atomic_write_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
+    writer = (
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from {{cookiecutter.package_name}}.checkpoint import write_atomically, checkpoint_name\n"
+        "state = {'model': {'w': torch.randn(4_000_000)}, 'step': 0}\n"
+        "for step in range(1, 10_000):\n"
+        "    state['step'] = step\n"
+        "    write_atomically(state, Path(sys.argv[1]) / checkpoint_name(step))\n"
+    )
+    for attempt in range(6):
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        proc = subprocess.Popen([sys.executable, "-c", writer, str(folder)], cwd=PROJECT_DIR)
+        wait_for(lambda folder=folder: len(list(folder.iterdir())) >= 2, "two files")
+        time.sleep(0.013 * attempt)
+        proc.kill()
+        proc.wait()
+        names = list_checkpoints(folder)
+        assert names, "at least the first checkpoint must be complete"
+        for path in names:
+            assert load_checkpoint(path)["model"]["w"].numel() == 4_000_000
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_older_one(reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for step in (40, 45):
+        name = f"step_{step:08d}.pt"
+        (run_dir / "checkpoints" / name).write_bytes((reference / "checkpoints" / name).read_bytes())
+    newest = run_dir / "checkpoints" / "step_00000045.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB])
+    output = proc.stdout + proc.stderr
+    assert "skipping unreadable checkpoint" in output and "step_00000045.pt" in output
+    assert re.search(r"resumed from .*step_00000040\.pt", output)
+    assert_bit_identical(reference, run_dir, step=LAST_STEP)
+
+
+def test_sigterm_saves_at_the_next_step_and_a_relaunch_continues_exactly(reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, 2, *JOB, "checkpoint.every_n_steps=0")
+    wait_for(lambda: 16 in steps_saved(run_dir), "the end of the first epoch")
+    os.killpg(proc.pid, signal.SIGTERM)  # like a scheduler: torchrun gets SIGTERM and passes it on
+    code, output = finish(proc)
+    assert code == 143, "128 + SIGTERM: a batch script requeues on it"
+    assert "stopped by SIGTERM after step" in output
+    stopped_at = steps_saved(run_dir)[-1]
+    assert 16 < stopped_at < LAST_STEP, steps_saved(run_dir)
+    proc = run(
+        ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB, "checkpoint.every_n_steps=0"]
+    )
+    assert f"step_{stopped_at:08d}.pt" in proc.stderr
+    assert_bit_identical(reference, run_dir, step=LAST_STEP)
+    steps = [r["step"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)), "metrics of redone steps are not repeated"
+
+
+def samples_per_epoch(run_dir: Path) -> dict[int, list[int]]:
+    seen: dict[int, list[int]] = {}
+    for path in (run_dir / "logs").glob("samples_rank_*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            seen.setdefault(record["epoch"], []).extend(record["indices"])
+    return seen
+
+
+def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = [
+        *JOB,
+        "trainer.epochs=1",
+        "data.train_size=1000",
+        "trainer.record_samples=true",
+        "checkpoint.every_n_steps=0",
+    ]
+    for nproc, stop_after in ((2, 4), (3, 8), (1, None)):
+        proc = start(run_dir, nproc, *job)
+        if stop_after is not None:
+            wait_for(
+                lambda s=stop_after: (
+                    (run_dir / "metrics.jsonl").exists() and any(r["step"] >= s for r in read_metrics(run_dir))
+                ),
+                f"step {stop_after}",
+            )
+            os.killpg(proc.pid, signal.SIGTERM)
+        code, output = finish(proc)
+        assert "stopped by SIGTERM" in output if stop_after else code == 0, output[-3000:]
+    seen = samples_per_epoch(run_dir)
+    assert sorted(seen[0]) == list(range(1000)), "each sample of the epoch exactly once"
+    assert re.search(r"saved by 3 processes, now 1", (run_dir / "logs" / "rank_0.log").read_text())
+
+
+def test_incompatible_checkpoint_is_refused_before_torchrun(reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    name = f"step_{LAST_STEP:08d}.pt"
+    (run_dir / "checkpoints" / name).write_bytes((reference / "checkpoints" / name).read_bytes())
+    proc = run(["bash", "scripts/run_single.sh", f"RUN_DIR={run_dir}", "model.width=16"], expect_ok=False)
+    assert proc.returncode == 2
+    assert "model.width: checkpoint 32, config 16" in proc.stderr
+    assert "torch.distributed" not in proc.stdout + proc.stderr
+    assert list((run_dir / "checkpoints").iterdir()) == [run_dir / "checkpoints" / name]
+
+
+def test_resume_from_a_path_and_never_over_existing_checkpoints(reference: Path, tmp_path: Path) -> None:
+    source = reference / "checkpoints" / "step_00000040.pt"
+    run_dir = tmp_path / "from_path"
+    proc = run(
+        ["bash", "scripts/run_single.sh", f"RUN_DIR={run_dir}", "NPROC_PER_NODE=2", *JOB, f"checkpoint.resume={source}"]
+    )
+    assert f"resumed from {source}" in proc.stderr
+    assert_bit_identical(reference, run_dir, step=LAST_STEP)
+    refused = run(
+        ["bash", "scripts/run_single.sh", f"RUN_DIR={run_dir}", *JOB, "checkpoint.resume=never"], expect_ok=False
+    )
+    assert refused.returncode == 2 and "already holds checkpoints" in refused.stderr
+    assert steps_saved(run_dir) == [45, 48], "a refused launch must not touch the run"
+    missing = run(["bash", "scripts/run_single.sh", f"checkpoint.resume={tmp_path / 'nope.pt'}"], expect_ok=False)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def torchrun_agent(launcher_pid: int) -> int:
+    found = subprocess.run(["pgrep", "-P", str(launcher_pid), "-f", "torch.distributed.run"], capture_output=True,
+                           text=True).stdout.split()  # fmt: skip
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+@pytest.mark.parametrize(("target", "signum", "code"), [("agent", signal.SIGTERM, 143), ("group", signal.SIGINT, 130)])
+def test_a_signal_to_the_agent_or_ctrl_c_saves_at_the_next_step(tmp_path: Path, target: str, signum, code: int) -> None:
+    proc = start(tmp_path, 2, *JOB, "checkpoint.every_n_steps=0")
+    wait_for(lambda: 16 in steps_saved(tmp_path), "the end of the first epoch")
+    if target == "agent":  # what some schedulers signal: torchrun itself, not the launch script
+        os.kill(torchrun_agent(proc.pid), signum)
+    else:  # Ctrl-C: the terminal signals the whole foreground group
+        os.killpg(proc.pid, signum)
+    returned, output = finish(proc)
+    assert returned == code, output[-3000:]
+    assert f"stopped by {signal.Signals(signum).name} after step" in output
+    assert 16 < steps_saved(tmp_path)[-1] < LAST_STEP, "a checkpoint at the step it stopped"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie is gone
+
+
+@pytest.mark.parametrize("victim", ["agent", "launcher"])
+def test_sigkill_of_the_agent_takes_its_workers_and_a_relaunch_resumes_alone(
+    reference: Path, tmp_path: Path, victim: str
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, 2, *JOB)
+    wait_for(lambda: 10 in steps_saved(run_dir), "the checkpoint of step 10")
+    workers = [worker_pid(run_dir, rank) for rank in (0, 1)]
+    os.kill(torchrun_agent(proc.pid) if victim == "agent" else proc.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: not any(alive(pid) for pid in workers), "the workers to die with their agent", timeout=15)
+    assert time.monotonic() - killed_at < 15
+    finish(proc)
+    steps_after = steps_saved(run_dir)
+    time.sleep(1)
+    assert steps_saved(run_dir) == steps_after, "nothing written after the kill"
+    if victim == "agent":  # the relaunch is the same either way: once is enough
+        run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB])
+        assert_bit_identical(reference, run_dir, step=LAST_STEP)
+
+
+def test_a_diverging_resume_stops_naming_the_step_and_keeps_finite_checkpoints(reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    name = "step_00000040.pt"
+    (run_dir / "checkpoints" / name).write_bytes((reference / "checkpoints" / name).read_bytes())
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB, "optim.lr=1e20"],
+               expect_ok=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.match(r"error: training diverged by step \d+: the (loss is (nan|inf)|weights are not finite)", last), last
+    assert "Traceback" not in proc.stdout + proc.stderr and starts_logged(run_dir) == 1, "stopped once, no restart"
+    for path in list_checkpoints(run_dir / "checkpoints"):
+        weights = load_checkpoint(path)["model"].values()
+        assert all(torch.isfinite(tensor).all() for tensor in weights if tensor.is_floating_point()), path

@@ -1,0 +1,78 @@
+"""Speed options of the training step in real jobs on CPU: accumulation, precision, layout, clipping,
+compile, the benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from ..helpers import (
+    SMALL,
+    assert_bit_identical,
+    finish,
+    last_line,
+    read_metrics,
+    run,
+    start,
+    steps_saved,
+    torchrun,
+    wait_for,
+    worker_pid,
+)
+
+
+@pytest.mark.slow
+def test_accumulated_micro_batches_give_the_big_batch_gradient_with_one_all_reduce() -> None:
+    result = json.loads(last_line(torchrun("tests/accumulation_probe.py", 2, "4").stdout))
+    assert result["difference"] <= 1e-5 * result["scale"], result
+    one_batch, accumulated = result["calls"]
+    assert accumulated == one_batch >= 1, "all-reduced once per optimizer step, not once per micro-batch"
+
+
+# 2 epochs of 16 micro-batches on 2 processes, 3 per optimizer step: 6 steps an epoch (the last of 1).
+# trainer.deterministic=true too: the GPU switch must not get in the way of training on CPUs.
+ACCUMULATED = [*SMALL, "trainer.precision=bf16", "trainer.grad_accum_steps=3", "trainer.clip_grad_norm=1.0",
+               "trainer.channels_last=true", "trainer.deterministic=true", "checkpoint.every_n_steps=2",
+               "checkpoint.keep_last=20"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bf16_accumulation_counts_steps_and_resumes_bit_identical_after_sigkill(tmp_path: Path) -> None:
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    code, output = finish(start(reference, 2, *ACCUMULATED))
+    assert code == 0, output[-3000:]
+    records = read_metrics(reference)
+    assert [r["step"] for r in records if r["kind"] == "val"] == [6, 12]
+    losses = [r["train_loss"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < losses[0], losses
+    proc = start(killed, 2, *ACCUMULATED)
+    wait_for(lambda: 4 in steps_saved(killed), "the checkpoint of step 4")
+    os.kill(worker_pid(killed, 1), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0 and "resumed from" in output, output[-3000:]
+    assert_bit_identical(reference, killed, step=12)
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_and_saves_plain_weights(tmp_path: Path) -> None:
+    # torch.compile on CPU builds C++ kernels (about 40 s here): the smallest job that compiles.
+    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL, "trainer.compile=true",
+         "trainer.epochs=1", "data.train_size=256", "data.val_size=64"])  # fmt: skip
+    assert read_metrics(tmp_path)[-1]["kind"] == "val"
+    saved = torch.load(tmp_path / "checkpoints" / "step_00000004.pt", weights_only=True)
+    assert not any(key.startswith("_orig_mod.") for key in saved["model"]), "the checkpoint loads without compile"
+
+
+@pytest.mark.slow
+def test_benchmark_smoke_mode_compares_the_loops(tmp_path: Path) -> None:
+    proc = torchrun("benchmarks/bench.py", 2, "--smoke", "--precision=bf16", "--channels-last")
+    lines = proc.stdout.splitlines()
+    rates = {line.split()[0]: float(line.split()[1]) for line in lines if "images/s" in line}
+    assert {"project", "bare"} <= set(rates) and all(rate > 0 for rate in rates.values()), proc.stdout
+    assert any(line.startswith("ratio project/bare ") for line in lines), proc.stdout
+    assert "precision bf16" in lines[0] and "checkpoint save holds training" in lines[-1], proc.stdout
