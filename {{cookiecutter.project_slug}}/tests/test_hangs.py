@@ -15,7 +15,16 @@ import pytest
 import torch.distributed as dist
 
 from {{cookiecutter.package_name}}.config import JobError
-from {{cookiecutter.package_name}}.hangs import Beat, StallWatch, keep_ddp_working_on_gloo, rank_list, stall_message
+from {{cookiecutter.package_name}}.hangs import (
+    DEBUG_DIR_ENV,
+    Beat,
+    StallWatch,
+    debug_dir,
+    keep_ddp_working_on_gloo,
+    rank_list,
+    stall_message,
+)
+from {{cookiecutter.package_name}}.launch import LaunchError, debug_dir_environment, parse_args, plan
 
 # What gloo raises in the ranks that waited (a stalled peer), and in those whose peer died.
 GLOO_TIMEOUT = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
@@ -149,3 +158,16 @@ def test_debug_detail_is_kept_off_ddp_on_gloo_where_it_crashes() -> None:
         assert dist.get_debug_level() == dist.DebugLevel.INFO
     finally:
         dist.set_debug_level(before)
+
+
+def test_debug_1_gives_the_workers_the_switches_and_leaves_the_users_own(monkeypatch, tmp_path: Path) -> None:
+    launch = plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {"NCCL_DEBUG": "TRACE"}, {})
+    assert launch.env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and launch.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert launch.env["NCCL_DEBUG"] == "TRACE", "a value the user set wins"
+    assert "TORCH_DISTRIBUTED_DEBUG" not in plan("single", parse_args(["NPROC_PER_NODE=1"], "single"), {}, {}).env
+    with pytest.raises(LaunchError, match="DEBUG=yes: give DEBUG=1"):
+        plan("single", parse_args(["DEBUG=yes", "NPROC_PER_NODE=1"], "single"), {}, {})
+    files = debug_dir_environment(tmp_path / "debug", {})  # known once the run dir is: in train()
+    assert files["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{tmp_path}/debug/nccl_trace_rank_"
+    monkeypatch.setenv(DEBUG_DIR_ENV, files[DEBUG_DIR_ENV])
+    assert debug_dir() == tmp_path / "debug"

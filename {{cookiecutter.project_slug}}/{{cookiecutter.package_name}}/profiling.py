@@ -13,10 +13,12 @@ steps into `profile/memory_rank_<R>.pickle`, for pytorch.org/memory_viz.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, tensorboard_trace_handler
 
 from .config import TrainerConfig, step_range
@@ -72,7 +74,10 @@ class StepProfiler:
             if number > self.last:  # resumed past the steps to record
                 self.done = True
                 return
+            let_collectives_finish()
             self.start(number)
+        elif self.action(number) != self.action(number - 1):
+            let_collectives_finish()
         assert self.profiler is not None
         self.profiler.step()  # ends step number-1's span, starts `ProfilerStep#<number>`
         if number > self.last:
@@ -112,6 +117,17 @@ class StepProfiler:
             self.profiler.stop()
             self.profiler = None
         self.done = True
+
+
+def let_collectives_finish() -> None:
+    """Call before the profiler starts or stops recording. A collective that begins under the
+    profiler and ends, on gloo's thread, after it stopped, ends its record in freed memory: the
+    rank crashes or hangs (torch 2.14, measured). The agreement on SIGTERM (preemption.py) is such a
+    collective, always in flight between steps: the barrier makes sure every rank has started it,
+    so that it can complete, and the pause lets gloo's thread finish it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        time.sleep(0.1)
 
 
 def build_profiler(config: TrainerConfig, run_dir: Path, env: DistEnv) -> Profiler:

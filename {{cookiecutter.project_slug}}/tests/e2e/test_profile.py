@@ -25,7 +25,7 @@ def test_a_cpu_run_writes_a_trace_per_rank_of_exactly_the_asked_steps(tmp_path: 
                 "data.train_size=512", "trainer.profile_steps=3:4"])  # fmt: skip
     for rank in (0, 1):
         traces = list((tmp_path / "profile").glob(f"rank_{rank}.*.pt.trace.json"))  # tensorboard_trace_handler's names
-        assert len(traces) == 1, sorted((tmp_path / "profile").iterdir())
+        assert len(traces) == 1, proc.stderr[-3000:]  # two: a worker crashed and torchrun restarted the job
         assert trace_steps(traces[0]) == [3, 4], traces[0]
     assert "profile of steps 3-4" in proc.stderr and "Self CPU time total" in proc.stderr, proc.stderr[-3000:]
 
