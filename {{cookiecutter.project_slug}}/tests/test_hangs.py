@@ -109,7 +109,15 @@ def test_a_lost_peer_after_another_rank_timed_out_is_the_same_stall(ranks: list[
     assert "(ranks 0, 2 waited" in str(error)
 
 
-@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), JobError("a corrupt file"), ValueError("x")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("DataLoader timed out after 60 seconds"),  # not a peer: this rank's own loader
+        RuntimeError("CUDA out of memory"),
+        JobError("a corrupt file"),
+        ValueError("x"),
+    ],
+)
 def test_errors_that_are_not_about_peers_pass_unchanged(ranks: list[StallWatch], error: Exception) -> None:
     with pytest.raises(type(error)) as raised, ranks[0].naming_stalls():
         raise error

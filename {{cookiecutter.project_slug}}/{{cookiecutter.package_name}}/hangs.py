@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 DEBUG_DIR_ENV = "TRAIN_DEBUG_DIR"  # set by the launcher under DEBUG=1: <run dir>/debug
 BEAT_S = 1.0  # how often each rank's heartbeat counts up
 GRACE_S = 5.0  # how long a rank that timed out waits for the others to say so too (several beats)
+# Looked for only in gloo's messages (they name gloo's source files): a DataLoader's timeout, or a
+# network error of the user's code, says "timed out" too, and must not make this rank blame others.
 TIMEOUT_WORDS = ("timed out", "timeout")
 LOST_PEER_WORDS = ("connection closed", "connection reset", "broken pipe")
 
@@ -119,11 +121,15 @@ def stall_message(
 
 
 def is_timeout(error: BaseException) -> bool:
-    return any(word in str(error).lower() for word in TIMEOUT_WORDS)
+    """A gloo collective that waited dist.timeout_s for a peer."""
+    text = str(error).lower()
+    return "gloo" in text and any(word in text for word in TIMEOUT_WORDS)
 
 
 def is_lost_peer(error: BaseException) -> bool:
-    return any(word in str(error).lower() for word in LOST_PEER_WORDS)
+    """A gloo collective whose peer closed the connection (it died, or left after a stall)."""
+    text = str(error).lower()
+    return "gloo" in text and any(word in text for word in LOST_PEER_WORDS)
 
 
 class StallWatch:
@@ -216,7 +222,7 @@ class StallWatch:
             return None  # a rank that never beat
         if timed_out and any(rank not in before or beats[rank].count == before[rank].count for rank in missing):
             return None  # a rank that stopped beating is gone (a node lost without a word), not stalled
-        self.dump_stacks(error, missing, beats)
+        self.dump_stacks(error, missing, beats if timed_out else {})  # signal only ranks seen beating
         return JobError(stall_message(waited, beats, self.world_size, self.timeout_s, self.stacks_dir))
 
     def read_waited(self) -> dict[int, int]:
@@ -235,21 +241,21 @@ class StallWatch:
                 beats[rank] = Beat(*json.loads(self.store.get(key)))
         return beats
 
-    def dump_stacks(self, error: BaseException, missing: list[int], beats: dict[int, Beat]) -> None:
+    def dump_stacks(self, error: BaseException, missing: list[int], alive: dict[int, Beat]) -> None:
         """Under DEBUG=1: where this rank waited, into its stack file; and a SIGUSR1 to the stalled
-        ranks on this host, whose own watchdogs have written theirs already."""
+        ranks on this host that are `alive`, whose own watchdogs have written theirs already."""
         if self.stacks is None:
             return
         self.stacks.write(f"--- rank {self.rank} (pid {os.getpid()}) waited at step {self.step} for "
                           f"{ranks_phrase(missing) if missing else 'no rank'}; it waited here:\n")  # fmt: skip
         self.stacks.write("".join(traceback.format_exception(error)))
         self.stacks.flush()
-        host = socket.gethostname()
-        for rank in missing:
-            if beats[rank].host == host:
-                with contextlib.suppress(OSError):
-                    os.kill(beats[rank].pid, signal.SIGUSR1)
-        time.sleep(0.5)  # their C-level handlers write at once; the launcher kills them when we stop
+        here = [alive[rank].pid for rank in missing if rank in alive and alive[rank].host == socket.gethostname()]
+        for pid in here:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
+        if here:
+            time.sleep(0.5)  # their C-level handlers write at once; the launcher kills them when we stop
 
     def close(self) -> None:
         """Stop the heartbeat, the watchdog and the SIGUSR1 handler."""
