@@ -62,6 +62,18 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
     logging.captureWarnings(True)
 
 
+# metrics.jsonl field -> the name TensorBoard and the trackers plot it under; every val_<metric>
+# of the task becomes val/<metric> (val_samples is a count, not plotted).
+METRIC_NAMES = {"train_loss": "train/loss", "lr": "train/lr", "samples_per_s": "train/samples_per_s"}
+
+
+def metric_name(key: str) -> str | None:
+    """The plotted name of a metrics.jsonl field; None for the fields that are not scalars to plot."""
+    if key in METRIC_NAMES:
+        return METRIC_NAMES[key]
+    return f"val/{key[4:]}" if key.startswith("val_") and key != "val_samples" else None
+
+
 class MetricsLog:
     """Appends one JSON object per line to `<run dir>/metrics.jsonl`; a no-op off rank 0.
 

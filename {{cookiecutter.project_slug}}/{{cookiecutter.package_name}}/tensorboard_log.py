@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# metrics.jsonl field -> TensorBoard tag; every val_<metric> of the task becomes val/<metric>.
-TAGS = {"train_loss": "train/loss", "lr": "train/lr", "samples_per_s": "train/samples_per_s"}
+from .logs import metric_name
 
 
 class TensorBoardLog:
@@ -20,7 +19,7 @@ class TensorBoardLog:
 
     def write(self, kind: str, values: dict[str, Any]) -> None:
         for key, value in values.items():
-            tag = TAGS.get(key) or (f"val/{key[4:]}" if key.startswith("val_") and key != "val_samples" else None)
+            tag = metric_name(key)
             if tag is not None:
                 self.writer.add_scalar(tag, value, global_step=values["step"])
         self.writer.flush()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .config import ConfigError, LogConfig, first_line
+from .logs import metric_name
 from .preemption import Preempted
 
 log = logging.getLogger(__name__)
@@ -44,16 +45,6 @@ TRACKERS = [
     "wandb",
 {%- endif %}
 ]
-
-# metrics.jsonl field -> metric name; every val_<metric> becomes val/<metric> (val_samples is a count, not plotted).
-METRIC_NAMES = {"train_loss": "train/loss", "lr": "train/lr", "samples_per_s": "train/samples_per_s"}
-
-
-def metric_name(key: str) -> str | None:
-    """The tracker's name for a metrics.jsonl field; None for the fields that are not scalars to plot."""
-    if key in METRIC_NAMES:
-        return METRIC_NAMES[key]
-    return f"val/{key[4:]}" if key.startswith("val_") and key != "val_samples" else None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.trackers import metric_name
+from {{cookiecutter.package_name}}.logs import metric_name
 
 from ..helpers import (
     PYTHON,
