@@ -295,7 +295,8 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        # The report (test times included) stays in pytest's kept temporary dirs for a look after CI.
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=tests-report.xml"],
         cwd=project,
         capture_output=True,
         text=True,
