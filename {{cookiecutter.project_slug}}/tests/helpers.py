@@ -26,6 +26,7 @@ from {{cookiecutter.package_name}}.config import register_configs
 from {{cookiecutter.package_name}}.distributed import DistEnv
 from {{cookiecutter.package_name}}.launch import worker_environment
 from {{cookiecutter.package_name}}.rundir import register_resolvers
+from {{cookiecutter.package_name}}.sharded_checkpoint import read_whole
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -189,11 +190,24 @@ def worker_pid(run_dir: Path, rank: int) -> int:
     return int(re.findall(r"pid=(\d+)\]", text)[-1])
 
 
+def checkpoint_of(run_dir: Path, step: int) -> Path:
+    """The run's checkpoint of `step`: step_<N>.pt (ddp) or the folder step_<N>/ (fsdp)."""
+    file = run_dir / "checkpoints" / f"step_{step:08d}.pt"
+    return file if file.exists() else file.with_suffix("")
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint as one dict of whole tensors: a ddp file as saved; a folder of shards (fsdp)
+    read whole, its optimizer state keyed by parameter name."""
+    payload = load_checkpoint(path)
+    if path.is_dir():
+        payload = {**payload, **read_whole(path)}
+    return payload
+
+
 def assert_bit_identical(run_a: Path, run_b: Path, step: int) -> None:
     """The two runs' checkpoints of `step` hold the same model, optimizer state and position."""
-    name = f"step_{step:08d}.pt"
-    a = load_checkpoint(run_a / "checkpoints" / name)
-    b = load_checkpoint(run_b / "checkpoints" / name)
+    a, b = read_checkpoint(checkpoint_of(run_a, step)), read_checkpoint(checkpoint_of(run_b, step))
     assert a["model"].keys() == b["model"].keys()
     for key, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][key]), f"model tensor {key} differs"
@@ -201,6 +215,16 @@ def assert_bit_identical(run_a: Path, run_b: Path, step: int) -> None:
         for key, tensor in state.items():
             assert torch.equal(tensor, b["optimizer"]["state"][index][key]), f"optimizer state {index}.{key} differs"
     assert (a["epoch"], a["step"], a["samples_in_epoch"]) == (b["epoch"], b["step"], b["samples_in_epoch"])
+
+
+def samples_per_epoch(run_dir: Path) -> dict[int, list[int]]:
+    """The sample indices each epoch trained on, over every rank (trainer.record_samples=true)."""
+    seen: dict[int, list[int]] = {}
+    for path in (run_dir / "logs").glob("samples_rank_*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            seen.setdefault(record["epoch"], []).extend(record["indices"])
+    return seen
 
 
 # --- several nodes, played by several run_multi.sh processes on this machine

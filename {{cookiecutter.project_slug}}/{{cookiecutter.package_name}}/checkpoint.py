@@ -1,6 +1,7 @@
 """What goes into a checkpoint, how it is written safely, and which one a run resumes from.
 
-- Global rank 0 writes `<run dir>/checkpoints/step_<N>.pt`, N the global optimizer step.
+- Global rank 0 writes `<run dir>/checkpoints/step_<N>.pt`, N the global optimizer step
+  (strategy=ddp; strategy=fsdp writes a folder `step_<N>/` of shards: sharded_checkpoint.py).
 - The state is copied to CPU memory on the training thread (the only part that holds a step
   up); a background thread writes it to a temporary file in the same folder, fsyncs it,
   renames it into place and fsyncs the folder, so a kill at any instant leaves either the
@@ -15,6 +16,7 @@ import io
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +34,7 @@ from .distributed import DistEnv, all_gather_int, broadcast_bytes
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-NAME_PATTERN = re.compile(r"^step_(\d+)\.pt$")
+NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards (fsdp)
 TMP_PREFIX = ".tmp_"
 
 
@@ -82,6 +84,13 @@ def write_atomically(payload: dict[str, Any], path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
     """Checkpoints in the folder, newest (highest step) first."""
     if not folder.is_dir():
@@ -97,7 +106,15 @@ class NotACheckpoint(ValueError):
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
     """Load a checkpoint safely (weights_only) onto the CPU; anything else is a NotACheckpoint
     with a one-line reason (never torch's advice to turn weights_only off: a file that
-    needs it could run code)."""
+    needs it could run code). A folder of shards answers with its trainer.pt: all but the tensors."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / ".metadata").is_file():
+            raise NotACheckpoint(f"{path} has no .metadata: not a complete sharded checkpoint")
+        payload = load_checkpoint(path / "trainer.pt") if (path / "trainer.pt").is_file() else None
+        if payload is None:
+            raise NotACheckpoint(f"{path} has no trainer.pt: not a complete sharded checkpoint")
+        return payload
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -107,7 +124,8 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
             ) from None
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise NotACheckpoint(f"{path} is unreadable ({first}): not a checkpoint of this project") from None
-    if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
+    whole = path.name != "trainer.pt"  # a ddp checkpoint; a folder's trainer.pt has no tensors
+    if not isinstance(payload, dict) or "step" not in payload or (whole and "model" not in payload):
         raise NotACheckpoint(f"{path} is not a checkpoint of this project (no 'model' or 'step')")
     return payload
 
@@ -129,7 +147,7 @@ class Checkpointer:
         if is_writer:
             folder.mkdir(parents=True, exist_ok=True)
             for leftover in folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
-                leftover.unlink(missing_ok=True)
+                remove(leftover)
 
     def save_config(self, plain_config: dict[str, Any]) -> None:
         """The resolved config beside the checkpoints, as YAML."""
@@ -173,9 +191,12 @@ class Checkpointer:
         for path in list_checkpoints(self.folder):
             if path not in self._valid:
                 try:
-                    probe = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-                    if not (isinstance(probe, dict) and {"model", "step"} <= probe.keys()):
-                        raise NotACheckpoint("no 'model' or 'step'")
+                    if path.is_dir():
+                        load_checkpoint(path)
+                    else:
+                        probe = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                        if not (isinstance(probe, dict) and {"model", "step"} <= probe.keys()):
+                            raise NotACheckpoint("no 'model' or 'step'")
                 except Exception as error:
                     aside = path.with_name(f"{path.name}.unreadable")
                     os.replace(path, aside)
@@ -184,8 +205,14 @@ class Checkpointer:
                 self._valid.add(path)
             valid.append(path)
         for old in valid[self.config.keep_last :]:
-            old.unlink(missing_ok=True)
+            remove(old)
             self._valid.discard(old)
+
+    def set_aside(self, path: Path) -> None:
+        """A checkpoint that failed to load: out of the way (by the writer), never tried again."""
+        if self.is_writer and path.exists():
+            os.replace(path, path.with_name(f"{path.name}.unreadable"))
+        self._valid.discard(path)
 
     def raise_if_failed(self) -> None:
         """Without waiting: stop with the background write's error if it has failed."""
@@ -204,8 +231,9 @@ class Checkpointer:
                 "intact: free some space or fix the run dir's permissions, then launch again"
             ) from error
 
-    def find_resume_payload(self) -> tuple[Path, dict[str, Any]] | None:
+    def find_resume_payload(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh.
+        `skip`: checkpoints that failed to load (a corrupt shard).
 
         With a path, the run dir's own checkpoints win once there are any: a torchrun restart
         must continue the job, not go back to where it started.
@@ -213,11 +241,13 @@ class Checkpointer:
         resume = self.config.resume
         if resume == "never":
             return None
-        found = self.newest_readable()
+        found = self.newest_readable(skip)
         if resume != "auto" and found is None:
             path = Path(resume)
-            if not path.is_file():
-                raise ConfigError(f"checkpoint.resume={resume}: no such file; give a step_<N>.pt path, auto or never")
+            if not path.exists():
+                raise ConfigError(
+                    f"checkpoint.resume={resume}: no such file; give a step_<N>.pt (or step_<N>/) path, auto or never"
+                )
             try:
                 found = path, load_checkpoint(path)
             except NotACheckpoint as error:
@@ -228,8 +258,10 @@ class Checkpointer:
             self.last_saved_step = found[1]["step"]  # resuming from it: no need to write it again
         return found
 
-    def newest_readable(self) -> tuple[Path, dict[str, Any]] | None:
+    def newest_readable(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
         for path in list_checkpoints(self.folder):
+            if path in skip:
+                continue
             try:
                 return path, load_checkpoint(path)
             except Exception as error:  # truncated or corrupt: fall back to the next older one
@@ -297,7 +329,13 @@ def agree_on_checkpoint(found: tuple[Path, dict[str, Any]] | None, env: DistEnv)
     if newest < 0 or all(step == newest for step in steps):
         return found
     source = steps.index(newest)
-    data = broadcast_bytes(found[0].read_bytes() if env.rank == source and found else None, source, env.device)
+    data = broadcast_bytes(found[0].read_bytes() if env.rank == source and found and found[0].is_file() else None,
+                           source, env.device)  # fmt: skip
+    if not data:  # a folder of shards: every rank must read its own part of it
+        raise JobError(
+            f"only some nodes see the sharded checkpoint of step {newest}: strategy=fsdp needs the run dir on a "
+            "filesystem every node shares"
+        )
     if found is not None and found[1]["step"] == newest:
         return found
     log.info("rank %d holds no checkpoint of step %d; received it from rank %d", env.rank, newest, source)

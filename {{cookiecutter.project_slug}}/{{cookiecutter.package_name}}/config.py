@@ -61,6 +61,7 @@ BACKENDS = ("auto", "nccl", "gloo", "mpi")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULERS = ("cosine", "constant")
+STRATEGIES = ("ddp", "fsdp")
 
 
 def whole_number(key: str, value: Any, least: int) -> int:
@@ -201,6 +202,13 @@ class DDPConfig:
 
 
 @dataclass
+class FSDPConfig:
+    blocks: list[str] = MISSING
+    reshard_after_forward: bool = MISSING
+    cpu_offload: bool = MISSING
+
+
+@dataclass
 class DistConfig:
     backend: str = MISSING
     timeout_s: int = MISSING
@@ -255,6 +263,28 @@ class TrainConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    strategy: str = MISSING
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+
+    def check(self) -> None:
+        require_choice("strategy", self.strategy, STRATEGIES)
+        if self.strategy == "fsdp":
+            check_fsdp(self)
+
+
+def check_fsdp(config: TrainConfig) -> None:
+    """What strategy=fsdp cannot do: fp16's loss scaling, and the ddp.* options (which it would ignore)."""
+    require(
+        config.trainer.precision != "fp16",
+        "trainer.precision=fp16 needs loss scaling, which strategy=fsdp does not do: use trainer.precision=bf16 "
+        "(fp32's range, no scaling needed)",
+    )
+    defaults = OmegaConf.load(config_dir() / "train.yaml")["ddp"]
+    for key, value in vars(config.ddp).items():
+        require(
+            defaults.get(key) == value,
+            f"ddp.{key}={value} is a DDP option, and strategy=fsdp does not use it: drop it, or use strategy=ddp",
+        )
 
 
 @dataclass

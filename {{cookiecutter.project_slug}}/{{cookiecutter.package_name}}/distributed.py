@@ -15,8 +15,9 @@ import hashlib
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,9 +118,10 @@ def restart_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | 
 
 
 @contextlib.contextmanager
-def distributed(config: DistConfig) -> Iterator[DistEnv]:
+def distributed(config: DistConfig, group_of_one: bool = False) -> Iterator[DistEnv]:
     """Initialise the process group from torchrun's environment and always destroy it.
 
+    A world of one has no process group unless `group_of_one` (fsdp's device mesh needs one).
     Exceptions propagate unchanged, so torchrun sees a failed worker and can restart it.
     """
     rank, local_rank, world_size, local_world_size, choice = process_env(config)
@@ -128,11 +130,12 @@ def distributed(config: DistConfig) -> Iterator[DistEnv]:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world_size > 1:
+    if world_size > 1 or group_of_one:
         timeout = datetime.timedelta(seconds=config.timeout_s)
+        alone = world_size == 1 and "MASTER_ADDR" not in os.environ  # python train.py: no torchrun store
         dist.init_process_group(
             backend=choice.backend,
-            store=restart_store(world_size, timeout),
+            store=dist.HashStore() if alone else restart_store(world_size, timeout),
             rank=rank,
             world_size=world_size,
             timeout=timeout,
@@ -213,10 +216,10 @@ def broadcast_bytes(data: bytes | None, src: int, device: torch.device) -> bytes
     return buffer.cpu().numpy().tobytes()
 
 
-def weights_fingerprint(module: nn.Module) -> str:
-    """A hash of every parameter and buffer: equal on all ranks when DDP kept them in sync."""
+def weights_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
+    """A hash of a model's whole state dict: equal on all ranks when DDP kept them in sync."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
@@ -244,3 +247,13 @@ def wrap_ddp(model: nn.Module, config: DDPConfig, env: DistEnv) -> nn.Module:
         find_unused_parameters=config.find_unused_parameters,
         **{"forward_sync_buffers" if renamed else "broadcast_buffers": config.broadcast_buffers},
     )
+
+
+def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """A context whose backward reduces gradients over the ranks only if `enabled`: DDP's no_sync,
+    FSDP2's set_requires_gradient_sync (one reduce-scatter, on the step's last micro-batch)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    no_sync = getattr(model, "no_sync", None)  # a world of one has no DDP wrapper
+    return no_sync() if no_sync is not None and not enabled else contextlib.nullcontext()

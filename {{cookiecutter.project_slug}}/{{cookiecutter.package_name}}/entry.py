@@ -19,7 +19,14 @@ import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .checkpoint import Checkpointer, NotACheckpoint, find_compatible_checkpoint, load_checkpoint, restore
+from .checkpoint import (
+    Checkpointer,
+    NotACheckpoint,
+    check_format_version,
+    find_compatible_checkpoint,
+    load_checkpoint,
+    restore,
+)
 from .components import build_model, build_task, check_components
 from .config import (
     FAILED_MARKER,
@@ -38,6 +45,7 @@ from .launch import die_with_parent
 from .logs import setup_logging
 from .preemption import Preempted
 from .rundir import register_resolvers
+from .sharded_checkpoint import load_weights
 {%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
 from .trackers import check_installed as check_trackers_installed
 {%- endif %}
@@ -151,7 +159,7 @@ def run_train(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         choice = process_env(config.dist)[4]  # an impossible backend fails here, before any process group
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
-        with distributed(config.dist) as env:
+        with distributed(config.dist, group_of_one=config.strategy == "fsdp") as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)
             result = build_trainer(config, env, run_dir).fit()
@@ -165,8 +173,8 @@ def run_eval(cfg: DictConfig) -> None:
 
     def body() -> None:
         path = Path(cfg.ckpt_path)
-        if not path.is_file():
-            raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt of a run")
+        if not path.exists():
+            raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt (or step_<N>/) of a run")
         try:
             payload = load_checkpoint(path)
         except NotACheckpoint as error:
@@ -177,7 +185,11 @@ def run_eval(cfg: DictConfig) -> None:
         with distributed(config.dist) as env:
             setup_logging(None, env, config.log.all_ranks_console)
             model = build_model(config.model)
-            restore(model, payload, path)
+            if path.is_dir():  # a sharded checkpoint (strategy=fsdp): every rank reads the whole weights
+                check_format_version(path, payload)
+                load_weights(path, model)
+            else:
+                restore(model, payload, path)
             model.to(env.device)
             data = build_data(config.data, env, config.seed)
             result = evaluate(model, data.val_loader, build_task(config.task), env.device)

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .batch import model_forward, to_device
-from .distributed import all_reduce_sum
+from .distributed import all_gather_int, all_reduce_sum
 
 
 @dataclass(frozen=True)
@@ -36,38 +36,45 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, task: Any, device: torch.device) -> EvalResult:
+def evaluate(
+    model: nn.Module, loader: DataLoader, task: Any, device: torch.device, lockstep: bool = False
+) -> EvalResult:
     """The task's metrics over the whole evaluation set, the same on every rank.
 
     Pass the unwrapped model: DDP's forward would broadcast buffers and expect every rank
-    to run the same number of forwards, which uneven shards do not.
+    to run the same number of forwards, which uneven shards do not. A sharded model (fsdp)
+    gathers its parameters in every forward, so every rank must run as many: `lockstep`
+    pads the shorter shards with forwards of one sample whose figures are dropped.
     """
     was_training = model.training
     model.eval()
-    names: list[str] | None = None
     sums: torch.Tensor | None = None
     samples = torch.zeros((), dtype=torch.float64, device=device)
-    for inputs, targets, _, _ in loader:
-        inputs, targets = to_device(inputs, device), to_device(targets, device)
-        values = task.metrics(model_forward(model, inputs), targets)
-        if names is None:
+    forwards = max(all_gather_int(len(loader), device)) if lockstep else len(loader)
+    batches = iter(loader)
+    names: list[str] = []
+    for _ in range(forwards):
+        batch = next(batches, None)
+        real = batch is not None
+        inputs, targets, _, _ = batch if real else one_sample(loader)
+        values = task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device))
+        if sums is None:
             names = list(values)
             sums = torch.zeros(len(names), dtype=torch.float64, device=device)
-        # float64 sums: the order of addition differs between world sizes, the result must not.
-        sums += torch.stack([values[name].double().sum() for name in names])  # type: ignore[operator]
-        samples += len(next(iter(values.values())))
-    if names is None:  # this rank's shard is empty (more ranks than samples): learn the names
-        names = sorted_metric_names(task, model, loader, device)
+        if real:  # float64 sums: the order of addition differs between world sizes, the result must not.
+            sums += torch.stack([values[name].double().sum() for name in names])
+            samples += len(next(iter(values.values())))
+    if sums is None:  # this rank's shard is empty (more ranks than samples): learn the names
+        inputs, targets, _, _ = one_sample(loader)
+        names = list(task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device)))
         sums = torch.zeros(len(names), dtype=torch.float64, device=device)
-    all_reduce_sum(sums)  # type: ignore[arg-type]
+    all_reduce_sum(sums)
     all_reduce_sum(samples)
     model.train(was_training)
     count = max(int(samples.item()), 1)
-    return EvalResult(dict(zip(names, (total / count for total in sums.tolist()), strict=True)), int(samples.item()))  # type: ignore[union-attr]
+    return EvalResult(dict(zip(names, (total / count for total in sums.tolist()), strict=True)), int(samples.item()))  # type: ignore[arg-type]
 
 
-def sorted_metric_names(task: Any, model: nn.Module, loader: DataLoader, device: torch.device) -> list[str]:
-    """The metric names of a rank with no evaluation samples, from one sample of the full set."""
-    inputs, targets, _, _ = next(iter(DataLoader(loader.dataset.dataset, batch_size=1)))  # type: ignore[attr-defined]
-    values = task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device))
-    return list(values)
+def one_sample(loader: DataLoader) -> Any:
+    """The set's first sample as a batch of one: for ranks whose own shard is shorter or empty."""
+    return next(iter(DataLoader(loader.dataset.dataset, batch_size=1)))  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """One optimizer step: mixed precision, channels_last, gradient accumulation and clipping.
 
 A step runs `grad_accum_steps` micro-batches. Every backward but the last runs under DDP's
-`no_sync()`, so gradients are all-reduced once per optimizer step, over the sum of all the
+`no_sync()` (FSDP's gradient sync off), so gradients are all-reduced once per optimizer step, over the sum of all the
 micro-batches' gradients: the gradient of one big batch, at the memory cost of a small one.
 Nothing here reads a value back to the host: the loss stays on the device until the log line.
 """
@@ -17,6 +17,7 @@ from torch import nn
 
 from .batch import model_forward, to_device
 from .config import TrainerConfig
+from .distributed import gradient_sync
 from .tasks import Classification
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,10 +49,11 @@ class StepRunner:
         device: torch.device,
         world_size: int,
         task: Any = None,  # the loss per sample (tasks.py); classification when None
+        autocast: bool = True,  # False where the model casts itself (fsdp's mixed-precision policy)
     ) -> None:
         self.ddp_model, self.optimizer, self.device, self.world_size = ddp_model, optimizer, device, world_size
         self.task = task if task is not None else Classification()
-        self.dtype = AUTOCAST_DTYPES[config.precision]
+        self.dtype = AUTOCAST_DTYPES[config.precision] if autocast else None
         self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
         self.clip_grad_norm = config.clip_grad_norm
         self.params = [p for group in optimizer.param_groups for p in group["params"]]  # what clipping sees
@@ -71,8 +73,7 @@ class StepRunner:
         inputs = to_device(inputs, self.device, self.memory_format)
         targets = to_device(targets, self.device)
         weights = weights.to(self.device, non_blocking=True)
-        no_sync = getattr(self.ddp_model, "no_sync", None)  # a world of one has no DDP wrapper
-        with no_sync() if no_sync is not None and not sync else contextlib.nullcontext():
+        with gradient_sync(self.ddp_model, sync):
             with self.autocast():
                 outputs = model_forward(self.ddp_model, inputs)
             per_sample = self.task.loss(outputs, targets)

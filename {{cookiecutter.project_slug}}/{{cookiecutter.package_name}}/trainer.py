@@ -13,14 +13,24 @@ from typing import Any, NoReturn
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
-from .checkpoint import FORMAT_VERSION, Checkpointer, TrainState, agree_on_checkpoint, check_same_model, restore
+from .checkpoint import (
+    FORMAT_VERSION,
+    Checkpointer,
+    TrainState,
+    agree_on_checkpoint,
+    check_format_version,
+    check_same_model,
+    restore,
+)
 from .comm_hooks import hook_state_dict, load_hook_state, register_comm_hook
 from .components import build_model, build_optimizer, build_task
-from .config import JobError, TrainConfig, to_plain_dict
+from .config import JobError, TrainConfig, first_line, to_plain_dict
 from .data import Data, build_data
 from .distributed import DistEnv, all_reduce_sum, sync_buffers_from_rank_zero, weights_fingerprint, wrap_ddp
 from .evaluate import EvalResult, evaluate
+from .fsdp import finite, full_state_dict, is_sharded, load_full_state, shard_model, sharded_state
 from .hangs import StallWatch, build_stall_watch
 from .logs import MetricsLog, use_progress_bar
 from .models import count_parameters
@@ -29,6 +39,7 @@ from .preemption import STOPPED_MARKER, Preempted, StopOnSigterm
 from .profiling import Profiler, build_profiler
 from .randomness import gather_rank_states, restore_rank_state, seed_rank
 from .sampler import ResumableDistributedSampler
+from .sharded_checkpoint import ShardedCheckpointer, load_sharded
 from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
 from .tensorboard_log import TensorBoardLog
@@ -80,7 +91,7 @@ class Trainer:
     config: TrainConfig
     env: DistEnv
     run_dir: Path
-    model: nn.Module  # the user's model, unwrapped (runner.ddp_model is what trains)
+    model: nn.Module  # the user's model, unwrapped (runner.ddp_model is what trains); sharded in place under fsdp
     optimizer: torch.optim.Optimizer
     data: Data
     task: Any  # the loss and the metrics (tasks.py)
@@ -99,11 +110,14 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint holds (a collective: every rank calls it at the same point)."""
+        if is_sharded(self.model):  # this rank's shards, by parameter name: a sharded checkpoint's part
+            tensors = sharded_state(self.model, self.optimizer)
+        else:
+            tensors = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         return {
             "format_version": FORMAT_VERSION,
             **asdict(self.state),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **tensors,
             "grad_scaler": self.runner.state_dict(),  # fp16's loss scale; empty otherwise
             "comm_hook": hook_state_dict(self.comm_hook),  # PowerSGD's memory, gathered on rank 0
             "rank_states": gather_rank_states(self.env.device),  # dropout and the like resume exactly
@@ -115,10 +129,17 @@ class Trainer:
         }
 
     def load_state_dict(self, payload: dict[str, Any], source: Path | str = "checkpoint") -> None:
-        """The exact inverse of state_dict(), at this world size (the generator states last)."""
+        """The exact inverse of state_dict(), at this world size (the generator states last). A
+        payload without tensors is a sharded checkpoint's trainer.pt: they load from its folder."""
         check_same_model(Path(source), payload.get("config", {}), self.plain_config)
-        restore(self.model, payload, source)  # checks the format version first
-        self.optimizer.load_state_dict(payload["optimizer"])
+        check_format_version(source, payload)
+        if "model" not in payload:
+            load_sharded(Path(source), self.model, self.optimizer)  # resharded to this world size
+        elif is_sharded(self.model):  # a ddp checkpoint continues under fsdp
+            load_full_state(self.model, self.optimizer, payload["model"], payload["optimizer"])
+        else:
+            restore(self.model, payload, source)
+            self.optimizer.load_state_dict(payload["optimizer"])
         self.state = TrainState(payload["epoch"], payload["step"], payload["samples_in_epoch"])
         self.runner.load_state_dict(payload["grad_scaler"])
         load_hook_state(self.comm_hook, payload["comm_hook"])
@@ -136,11 +157,25 @@ class Trainer:
             env.world_size,
         )  # fmt: skip
 
+    def resume(self) -> tuple[Path, dict[str, Any]] | None:
+        """Load the checkpoint checkpoint.resume names (the run dir's newest, by default); None if none.
+        A sharded one whose shards fail to load (every rank learns it) is set aside for the one before."""
+        skip: set[Path] = set()
+        while found := agree_on_checkpoint(self.checkpoints.find_resume_payload(frozenset(skip)), self.env):
+            try:
+                self.load_state_dict(found[1], found[0])
+                return found
+            except CheckpointException as error:
+                log.warning("checkpoint %s does not load (%s); trying the one before", found[0], first_line(error))
+                self.checkpoints.set_aside(found[0])
+                skip.add(found[0])
+        return None
+
     def save(self) -> float | None:
         """Checkpoint the current step; how long training was held (ms), None where nothing was written."""
         started = time.perf_counter()
         # Never a checkpoint of non-finite weights: they would rotate the good ones out. DDP keeps
-        # the weights equal on every rank, so every rank stops here alike.
+        # the weights equal on every rank; fsdp's ranks sum their shards' answers: all stop alike.
         if not finite_weights(self.model):
             raise JobError(
                 f"training diverged by step {self.state.step}: the weights are not finite, so no checkpoint was "
@@ -243,7 +278,7 @@ class Trainer:
 
     def validate(self) -> EvalResult:
         sync_buffers_from_rank_zero(self.model)
-        return evaluate(self.model, self.data.val_loader, self.task, self.env.device)
+        return evaluate(self.model, self.data.val_loader, self.task, self.env.device, lockstep=is_sharded(self.model))
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
@@ -264,8 +299,11 @@ class Trainer:
         if result is None:
             log.info("training had already finished at step %d; evaluating", self.state.step)
             result = self.validate()
-        # validate() gave every rank rank 0's buffers; DDP kept the parameters equal.
-        log.info("weights at step %d: sha256 %s", self.state.step, weights_fingerprint(self.model))
+        # validate() gave every rank rank 0's buffers; DDP kept the parameters equal. Under fsdp
+        # rank 0 gathers the whole weights: the same fingerprint as ddp's for the same weights.
+        weights = full_state_dict(self.model, rank_zero_only=True)
+        if self.env.is_main:
+            log.info("weights at step %d: sha256 %s", self.state.step, weights_fingerprint(weights))
         return result
 
     def train_epochs(self, stop: StopOnSigterm) -> EvalResult | None:
@@ -291,9 +329,12 @@ class Trainer:
 
 
 def finite_weights(model: nn.Module) -> bool:
-    """Whether every floating-point tensor of the model is finite (one read back to the host)."""
-    checks = [torch.isfinite(tensor).all() for tensor in model.state_dict().values() if tensor.is_floating_point()]
-    return bool(torch.stack(checks).all()) if checks else True
+    """Whether every floating-point tensor of the model is finite (one read back to the host); under
+    fsdp, of every rank's shards (a collective)."""
+    finite_here = finite(model)
+    if is_sharded(model):
+        return int(all_reduce_sum(1 - finite_here).item()) == 0
+    return bool(finite_here)
 
 
 def prepare_model(config: TrainConfig, env: DistEnv) -> nn.Module:
@@ -312,6 +353,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     data = build_data(config.data, env, config.seed)
     task = build_task(config.task)
     model = prepare_model(config, env)
+    sharded = config.strategy == "fsdp"
+    if sharded:  # before the optimizer, which must step on the shards
+        shard_model(model, config.fsdp, config.trainer.precision, env.world_size)
     optimizer = build_optimizer(config.optim, model)
     log.info(
         "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",
@@ -319,8 +363,10 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         config.data.batch_size,
     )  # fmt: skip
     # The compiled module shares the model's parameters; checkpoints keep the plain model's names.
-    ddp_model = wrap_ddp(torch.compile(model) if config.trainer.compile else model, config.ddp, env)
-    checkpoints = Checkpointer(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
+    compiled = torch.compile(model) if config.trainer.compile else model
+    ddp_model = compiled if sharded else wrap_ddp(compiled, config.ddp, env)
+    saver = ShardedCheckpointer if sharded else Checkpointer
+    checkpoints = saver(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
     trainer = Trainer(
         config=config,
         env=env,
@@ -329,8 +375,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         optimizer=optimizer,
         data=data,
         task=task,
-        runner=StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size, task),
-        comm_hook=register_comm_hook(ddp_model, config.ddp, env),
+        runner=StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size, task, autocast=not sharded),
+        comm_hook=None if sharded else register_comm_hook(ddp_model, config.ddp, env),
         checkpoints=checkpoints,
         metrics=MetricsLog(run_dir / "metrics.jsonl", enabled=env.is_main),
         sample_audit=MetricsLog(run_dir / "logs" / f"samples_rank_{env.rank}.jsonl", config.trainer.record_samples),
@@ -342,10 +388,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
 {%- endif %}
     )
     checkpoints.save_config(trainer.plain_config)
-    found = agree_on_checkpoint(checkpoints.find_resume_payload(), env)
-    if found is not None:
-        trainer.load_state_dict(found[1], found[0])
-    else:  # last, so that nothing above draws from them: each rank's own generators (dropout)
+    found = trainer.resume()
+    if found is None:  # last, so that nothing above draws from them: each rank's own generators (dropout)
         seed_rank(config.seed, 0, env.rank)
     trainer.metrics.drop_after(trainer.state.step)
 {%- if cookiecutter.tensorboard == "yes" %}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -23,6 +22,7 @@ from ..helpers import (
     finish,
     read_metrics,
     run,
+    samples_per_epoch,
     start,
     steps_saved,
     wait_for,
@@ -179,15 +179,6 @@ def test_sigterm_saves_at_the_next_step_and_a_relaunch_continues_exactly(referen
     assert_bit_identical(reference, run_dir, step=LAST_STEP)
     steps = [r["step"] for r in read_metrics(run_dir) if r["kind"] == "train"]
     assert steps == sorted(steps) and len(steps) == len(set(steps)), "metrics of redone steps are not repeated"
-
-
-def samples_per_epoch(run_dir: Path) -> dict[int, list[int]]:
-    seen: dict[int, list[int]] = {}
-    for path in (run_dir / "logs").glob("samples_rank_*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            seen.setdefault(record["epoch"], []).extend(record["indices"])
-    return seen
 
 
 def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""strategy=fsdp, tested as users run it: the language model sharded over 2 processes, killed,
+resumed on 3, switched to ddp and back, exported and evaluated from its shards."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.checkpoint import list_checkpoints, load_checkpoint
+from {{cookiecutter.package_name}}.components import build_model, build_task
+from {{cookiecutter.package_name}}.config import DataConfig
+from {{cookiecutter.package_name}}.data import build_data
+from {{cookiecutter.package_name}}.evaluate import evaluate
+
+from ..helpers import (
+    PYTHON,
+    assert_bit_identical,
+    checkpoint_of,
+    cpu_env,
+    finish,
+    read_checkpoint,
+    read_metrics,
+    run,
+    samples_per_epoch,
+    start,
+    steps_saved,
+    torchrun,
+    wait_for,
+    worker_pid,
+)
+
+pytestmark = pytest.mark.slow
+
+# 2 processes x 12 windows x 2 micro-batches a step (the reduce-scatter on the second only), 25 steps
+# of a 2-block GPT (0.1 M parameters); dropout on, so the generator states matter.
+SAMPLES = 1200
+FSDP = ["task=language_model", "strategy=fsdp", f"data.train_samples={SAMPLES}", "data.val_samples=301",
+        "model.width=64", "model.layers=2", "model.dropout=0.1", "optim.lr=0.004", "trainer.epochs=1",
+        "trainer.grad_accum_steps=2", "trainer.log_every_n_steps=5", "checkpoint.every_n_steps=5",
+        "checkpoint.keep_last=20", "trainer.record_samples=true"]  # fmt: skip
+LAST = 25
+
+
+def fingerprint(output: str) -> str:
+    return re.findall(r"weights at step \d+: sha256 (\w+)", output)[-1]
+
+
+def final_val(run_dir: Path) -> dict:
+    return [record for record in read_metrics(run_dir) if record["kind"] == "val"][-1]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, str]:
+    """The uninterrupted fsdp run, and its output."""
+    run_dir = tmp_path_factory.mktemp("fsdp") / "reference"
+    code, output = finish(start(run_dir, 2, *FSDP))
+    assert code == 0, output[-3000:]
+    return run_dir, output
+
+
+def test_the_language_model_learns_under_fsdp_with_a_sharded_checkpoint_per_step(reference) -> None:
+    run_dir, output = reference
+    assert "fsdp: 2 blocks sharded (FSDPBlock) over 2 ranks" in output
+    final, first = final_val(run_dir), read_metrics(run_dir)[0]
+    # From the uniform guess over 256 bytes (ln 256 = 5.55 nats) to well below it, in 25 steps.
+    assert final["val_loss"] < 0.6 * math.log(256) and final["val_loss"] < first["train_loss"] - 1, (first, final)
+    assert final["val_samples"] == 301
+    assert steps_saved(run_dir) == [5, 10, 15, 20, 25]
+    folder = checkpoint_of(run_dir, LAST)
+    assert {p.name for p in folder.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "trainer.pt"}
+    plain = torch.load(folder / "trainer.pt", weights_only=True)  # the position, generator states, config
+    assert plain["step"] == LAST and plain["world_size"] == 2 and "model" not in plain
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".tmp_")]
+
+
+def test_sigkill_of_a_worker_resumes_from_the_shards_bit_identical(reference, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, 2, *FSDP)
+    wait_for(lambda: 10 in steps_saved(run_dir), "the checkpoint of step 10")
+    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0 and re.search(r"resumed from \S+/step_000000(10|15)\b", output), output[-3000:]
+    assert_bit_identical(reference[0], run_dir, step=LAST)
+    assert fingerprint(output) == fingerprint(reference[1])
+
+
+def test_a_kill_during_a_sharded_save_leaves_the_previous_checkpoint_in_use(reference, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, 2, *FSDP, "checkpoint.every_n_steps=1")  # a save at every step: one is always on
+    folder = run_dir / "checkpoints"
+    wait_for(
+        lambda: 8 in steps_saved(run_dir) and any(p.name.startswith(".tmp_") for p in folder.iterdir()),
+        "a sharded checkpoint being written",
+    )
+    os.kill(worker_pid(run_dir, 0), signal.SIGKILL)  # rank 0 commits: killed, nothing is committed
+    for path in list_checkpoints(folder):  # never a partial checkpoint under a checkpoint's name
+        read_checkpoint(path)
+    code, output = finish(proc)
+    assert code == 0 and "resumed from" in output, output[-3000:]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".tmp_")]
+    assert_bit_identical(reference[0], run_dir, step=LAST)
+
+
+def test_a_corrupt_newest_shard_falls_back_to_the_checkpoint_before(reference, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[0], run_dir)
+    shard = checkpoint_of(run_dir, LAST) / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    code, output = finish(start(run_dir, 2, *FSDP))
+    assert code == 0, output[-3000:]
+    assert re.search(rf"checkpoint \S+step_{LAST:08d} does not load", output), output[-3000:]
+    assert re.search(r"resumed from \S+/step_00000020\b", output)
+    assert (run_dir / "checkpoints" / f"step_{LAST:08d}.unreadable").is_dir()
+    assert_bit_identical(reference[0], run_dir, step=LAST)  # the 5 steps again, to the same weights
+
+
+def test_a_2_process_checkpoint_resumes_on_3_with_every_sample_once(reference, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(checkpoint_of(reference[0], 10), checkpoint_of(run_dir, 10))
+    code, output = finish(start(run_dir, 3, *FSDP))
+    assert code == 0 and "saved by 2 processes, now 3" in output, output[-3000:]
+    seen = samples_per_epoch(run_dir)[0]
+    logs = (reference[0] / "logs").glob("samples_rank_*.jsonl")
+    records = [json.loads(line) for path in logs for line in path.read_text().splitlines()]
+    before = [index for record in records if record["step"] <= 10 for index in record["indices"]]
+    assert sorted(before + seen) == list(range(SAMPLES)), "each sample of the epoch exactly once"
+
+
+def test_a_run_switches_strategy_and_resumes_both_ways(reference, tmp_path: Path) -> None:
+    to_ddp, back = tmp_path / "to_ddp", tmp_path / "back"
+    for source, target, strategy, step in ((reference[0], to_ddp, "ddp", 10), (to_ddp, back, "fsdp", 15)):
+        (target / "checkpoints").mkdir(parents=True)
+        copy = shutil.copytree if strategy == "ddp" else shutil.copy
+        copy(checkpoint_of(source, step), target / "checkpoints" / checkpoint_of(source, step).name)
+        code, output = finish(start(target, 2, *FSDP, f"strategy={strategy}"))
+        assert code == 0 and f"step_{step:08d}" in re.findall(r"resumed from (\S+)", output)[0], output[-3000:]
+    assert sorted(p.name for p in (to_ddp / "checkpoints").glob("step_*")) == [
+        "step_00000010", "step_00000015.pt", "step_00000020.pt", "step_00000025.pt"]  # fmt: skip
+    assert checkpoint_of(back, LAST).is_dir()
+    for run_dir in (to_ddp, back):  # fsdp and ddp sum gradients in other orders: close, not identical
+        assert final_val(run_dir)["val_loss"] == pytest.approx(final_val(reference[0])["val_loss"], rel=1e-3)
+
+
+def test_the_export_equals_the_live_weights_and_evaluates_like_the_shards(reference, tmp_path: Path) -> None:
+    run_dir, output = reference
+    out = tmp_path / "weights.pt"
+    exported = run([PYTHON, "-m", "{{cookiecutter.package_name}}.export", str(checkpoint_of(run_dir, LAST)), str(out)])
+    assert f"weights at step {LAST}: sha256 {fingerprint(output)}" in exported.stdout
+    again = run([PYTHON, "-m", "{{cookiecutter.package_name}}.export", str(checkpoint_of(run_dir, LAST)), str(out)],
+                expect_ok=False)  # fmt: skip
+    assert again.returncode == 2 and "nothing is overwritten" in again.stderr
+    # The export in a plain model, as a user of the weights would load it, evaluated in this process...
+    config = load_checkpoint(checkpoint_of(run_dir, LAST))["config"]
+    model = build_model(config["model"])
+    model.load_state_dict(torch.load(out, weights_only=True))
+    data = build_data(DataConfig.from_node(config["data"]), cpu_env(0, 1), config["seed"])
+    plain = evaluate(model, data.val_loader, build_task(config["task"]), torch.device("cpu")).line()
+    # ...and the shards evaluated directly by eval.py on 2 processes: the same figures.
+    sharded = torchrun("eval.py", 2, f"ckpt_path={checkpoint_of(run_dir, LAST)}").stdout.strip().splitlines()[-1]
+    assert sharded == plain and math.isfinite(float(plain.split()[0].split("=")[1]))
+
+
+def test_the_memory_benchmark_shows_fsdp_sharding_what_ddp_replicates() -> None:
+    proc = run([PYTHON, "benchmarks/fsdp_memory.py", "--nprocs", "2", "--steps", "2", "--warmup", "1",
+                "--width", "32", "--layers", "2"], timeout=240)  # fmt: skip
+    rows = {line.split()[1]: [float(x) for x in line.split()[2:6]] for line in proc.stdout.splitlines()
+            if line.split()[:1] == ["2"]}  # fmt: skip
+    assert set(rows) == {"ddp", "fsdp"}, proc.stdout
+    for ddp, fsdp in zip(rows["ddp"], rows["fsdp"], strict=True):  # parameters, gradients, optimizer state, total
+        assert fsdp == pytest.approx(ddp / 2, rel=0.05), proc.stdout  # halved, within a row of padding
