@@ -13,7 +13,7 @@ import torch
 import torchvision
 
 from {{cookiecutter.package_name}}.config import ConfigError, FSDPConfig, to_train_config
-from {{cookiecutter.package_name}}.fsdp import find_blocks
+from {{cookiecutter.package_name}}.fsdp import check_offload, find_blocks
 from {{cookiecutter.package_name}}.models import GPT, SmallCNN
 from {{cookiecutter.package_name}}.sharded_checkpoint import MetadataUnpickler, SafeReader, read_whole
 
@@ -34,6 +34,13 @@ def test_what_fsdp_cannot_do_is_refused_in_one_line(override: str, message: str)
         to_train_config(compose_config(["strategy=fsdp", override]))
     assert "\n" not in str(error.value)
     to_train_config(compose_config(["strategy=ddp", override]))  # all fine under ddp
+
+
+def test_cpu_offload_without_gpus_is_refused_before_any_work() -> None:
+    config = to_train_config(compose_config(["strategy=fsdp", "fsdp.cpu_offload=true"]))
+    with pytest.raises(ConfigError, match=r"fsdp\.cpu_offload=true moves the shards off the GPUs.*drop it"):
+        check_offload(config, use_cuda=False)
+    check_offload(config, use_cuda=True)
 
 
 def test_an_unknown_strategy_is_refused() -> None:

@@ -175,13 +175,18 @@ class Checkpointer:
         try:
             started = time.perf_counter()
             write_atomically(payload, path)
-            self._valid.add(path)
-            log.info("saved checkpoint %s (written in %.2f s)", path, time.perf_counter() - started)
-            for callback in self.on_written:
-                callback(step)
-            self.prune()
+            self._written(path, step, started)
         except BaseException as error:  # re-raised on the training thread by wait()
             self._error = error
+
+    def _written(self, path: Path, step: int, started: float) -> None:
+        """On the writer thread, once a checkpoint is complete under its name: count it, tell the
+        callbacks, prune."""
+        self._valid.add(path)
+        log.info("saved checkpoint %s (written in %.2f s)", path, time.perf_counter() - started)
+        for callback in self.on_written:
+            callback(step)
+        self.prune()
 
     def prune(self) -> None:
         """Keep the newest `keep_last` valid checkpoints. A file that is not one (unreadable, cut

@@ -40,6 +40,7 @@ from .config import (
 from .data import build_data
 from .distributed import choose_backend, distributed, process_env
 from .evaluate import evaluate
+from .fsdp import check_offload
 from .hangs import keep_ddp_working_on_gloo
 from .launch import die_with_parent
 from .logs import setup_logging
@@ -91,7 +92,8 @@ def check_launch(cfg: DictConfig, run_dir: Path | None, local_world_size: int, v
     processes and GPUs, the model, data sets, optimizer and task, and the checkpoint the run dir
     would resume from. Nothing is written."""
     config = to_train_config(cfg)
-    choose_backend(config.dist.backend, visible_gpus, local_world_size, torch.distributed.is_mpi_available())
+    choice = choose_backend(config.dist.backend, visible_gpus, local_world_size, torch.distributed.is_mpi_available())
+    check_offload(config, choice.use_cuda)
 {%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
     check_trackers_installed(config.log)
 {%- endif %}
@@ -158,6 +160,7 @@ def run_train(cfg: DictConfig) -> None:
         config = to_train_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         choice = process_env(config.dist)[4]  # an impossible backend fails here, before any process group
+        check_offload(config, choice.use_cuda)
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
         with distributed(config.dist, group_of_one=config.strategy == "fsdp") as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)

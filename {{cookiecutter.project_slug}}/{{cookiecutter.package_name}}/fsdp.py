@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import FSDPConfig
+from .config import FSDPConfig, TrainConfig, require
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,15 @@ def find_blocks(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
     if all(isinstance(stage, nn.Module) for stage in stages):
         return stages
     return [item for module in model.modules() if isinstance(module, nn.ModuleList) for item in module]
+
+
+def check_offload(config: TrainConfig, use_cuda: bool) -> None:
+    """CPU offload moves the shards from the GPU: on CPUs there is nothing to move."""
+    require(
+        not (config.strategy == "fsdp" and config.fsdp.cpu_offload and not use_cuda),
+        "fsdp.cpu_offload=true moves the shards off the GPUs, and this job runs on CPUs, where they are already: "
+        "drop it (or run on GPUs)",
+    )
 
 
 def shard_model(model: nn.Module, config: FSDPConfig, precision: str, world_size: int) -> nn.Module:

@@ -167,14 +167,9 @@ class ShardedCheckpointer(Checkpointer):
             if not self.is_writer:
                 return
             write_atomically(plain, tmp / TRAINER_FILE)
-            if final.exists():  # a checkpoint found unreadable and resumed past: keep it aside
-                os.replace(final, final.with_name(f"{final.name}.unreadable"))
+            self.set_aside(final)  # one found unreadable and resumed past: renamed, not replaced
             os.replace(tmp, final)
             fsync_dir(self.folder)
-            self._valid.add(final)
-            log.info("saved checkpoint %s (written in %.2f s)", final, time.perf_counter() - started)
-            for callback in self.on_written:
-                callback(step)
-            self.prune()
+            self._written(final, step, started)
         except BaseException as error:  # re-raised on the training thread by wait()
             self._error = error

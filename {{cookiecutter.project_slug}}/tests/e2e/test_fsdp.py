@@ -106,6 +106,7 @@ def test_a_kill_during_a_sharded_save_leaves_the_previous_checkpoint_in_use(refe
     code, output = finish(proc)
     assert code == 0 and "resumed from" in output, output[-3000:]
     assert not [p for p in folder.iterdir() if p.name.startswith(".tmp_")]
+    assert steps_saved(run_dir) == list(range(LAST - 19, LAST + 1))  # checkpoint.keep_last=20 of them
     assert_bit_identical(reference[0], run_dir, step=LAST)
 
 
@@ -122,11 +123,11 @@ def test_a_corrupt_newest_shard_falls_back_to_the_checkpoint_before(reference, t
     assert_bit_identical(reference[0], run_dir, step=LAST)  # the 5 steps again, to the same weights
 
 
-def test_a_2_process_checkpoint_resumes_on_3_with_every_sample_once(reference, tmp_path: Path) -> None:
+def test_a_2_process_checkpoint_resumes_on_3_in_bf16_with_every_sample_once(reference, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copytree(checkpoint_of(reference[0], 10), checkpoint_of(run_dir, 10))
-    code, output = finish(start(run_dir, 3, *FSDP))
+    code, output = finish(start(run_dir, 3, *FSDP, "trainer.precision=bf16"))  # bf16 gathers, fp32 shards
     assert code == 0 and "saved by 2 processes, now 3" in output, output[-3000:]
     seen = samples_per_epoch(run_dir)[0]
     logs = (reference[0] / "logs").glob("samples_rank_*.jsonl")
