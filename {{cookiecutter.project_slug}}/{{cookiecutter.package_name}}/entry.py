@@ -46,7 +46,6 @@ from .launch import die_with_parent
 from .logs import setup_logging
 from .preemption import Preempted
 from .rundir import register_resolvers
-from .sharded_checkpoint import load_weights
 {%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
 from .trackers import check_installed as check_trackers_installed
 {%- endif %}
@@ -189,6 +188,8 @@ def run_eval(cfg: DictConfig) -> None:
             setup_logging(None, env, config.log.all_ranks_console)
             model = build_model(config.model)
             if path.is_dir():  # a sharded checkpoint (strategy=fsdp): every rank reads the whole weights
+                from .sharded_checkpoint import load_weights  # torch.distributed.checkpoint: slow to import
+
                 check_format_version(path, payload)
                 load_weights(path, model)
             else:

@@ -11,6 +11,7 @@ gradients in fp32 (no autocast: the policy casts).
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -68,9 +69,9 @@ def shard_model(model: nn.Module, config: FSDPConfig, precision: str, world_size
 
 
 def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
+    """Whether fully_shard made this an FSDP module (without importing FSDP, 0.8 s, when unused)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ from typing import Any, NoReturn
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
 
 from .checkpoint import (
     FORMAT_VERSION,
@@ -39,7 +38,6 @@ from .preemption import STOPPED_MARKER, Preempted, StopOnSigterm
 from .profiling import Profiler, build_profiler
 from .randomness import gather_rank_states, restore_rank_state, seed_rank
 from .sampler import ResumableDistributedSampler
-from .sharded_checkpoint import ShardedCheckpointer, load_sharded
 from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
 from .tensorboard_log import TensorBoardLog
@@ -134,6 +132,8 @@ class Trainer:
         check_same_model(Path(source), payload.get("config", {}), self.plain_config)
         check_format_version(source, payload)
         if "model" not in payload:
+            from .sharded_checkpoint import load_sharded  # torch.distributed.checkpoint: 1.7 s to import
+
             load_sharded(Path(source), self.model, self.optimizer)  # resharded to this world size
         elif is_sharded(self.model):  # a ddp checkpoint continues under fsdp
             load_full_state(self.model, self.optimizer, payload["model"], payload["optimizer"])
@@ -165,7 +165,11 @@ class Trainer:
             try:
                 self.load_state_dict(found[1], found[0])
                 return found
-            except CheckpointException as error:
+            except Exception as error:
+                from torch.distributed.checkpoint.api import CheckpointException  # slow to import: when needed
+
+                if not isinstance(error, CheckpointException):
+                    raise
                 log.warning("checkpoint %s does not load (%s); trying the one before", found[0], first_line(error))
                 self.checkpoints.set_aside(found[0])
                 skip.add(found[0])
@@ -365,7 +369,10 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     # The compiled module shares the model's parameters; checkpoints keep the plain model's names.
     compiled = torch.compile(model) if config.trainer.compile else model
     ddp_model = compiled if sharded else wrap_ddp(compiled, config.ddp, env)
-    saver = ShardedCheckpointer if sharded else Checkpointer
+    if sharded:
+        from .sharded_checkpoint import ShardedCheckpointer as saver  # torch.distributed.checkpoint: slow to import
+    else:
+        saver = Checkpointer
     checkpoints = saver(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
     trainer = Trainer(
         config=config,
