@@ -128,3 +128,12 @@ def test_sync_batchnorm_converts_the_model_of_a_real_group(world_size: int) -> N
     config = to_train_config(compose_config([*TINY, "model=resnet18", "ddp.sync_batchnorm=true"]))
     norms = {type(m).__name__ for m in prepare_model(config, env).modules() if "BatchNorm" in type(m).__name__}
     assert norms == ({"SyncBatchNorm"} if world_size > 1 else {"BatchNorm2d"})
+{%- if cookiecutter.tensorboard == "yes" %}
+
+
+def test_tensorboard_can_be_switched_off(tmp_path: Path) -> None:
+    sinks = {flag: [type(sink).__name__ for sink in trainer(tmp_path / flag, f"log.tensorboard={flag}").metrics.sinks]
+             for flag in ("true", "false")}  # fmt: skip
+    assert "TensorBoardLog" in sinks["true"] and "TensorBoardLog" not in sinks["false"]
+    assert (tmp_path / "true" / "tb").is_dir() and not (tmp_path / "false" / "tb").exists()
+{%- endif %}

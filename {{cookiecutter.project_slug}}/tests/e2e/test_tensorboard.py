@@ -21,9 +21,3 @@ def test_event_files_hold_the_training_and_validation_scalars(tmp_path) -> None:
     assert tags == {"train/loss", "train/lr", "train/samples_per_s", "val/loss", "val/acc"}
     assert [e.step for e in events.Scalars("val/acc")] == [8, 16]
     assert 0 <= events.Scalars("val/acc")[-1].value <= 1
-
-
-def test_tensorboard_can_be_switched_off(tmp_path) -> None:
-    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path}", *SMALL, "data.train_size=128",
-         "trainer.epochs=1", "log.tensorboard=false"])  # fmt: skip
-    assert not (tmp_path / "tb").exists()
