@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards (fsdp)
 TMP_PREFIX = ".tmp_"
+TRAINER_FILE, METADATA_FILE = "trainer.pt", ".metadata"  # in a folder of shards: all but the tensors; DCP's
 
 
 def checkpoint_name(step: int) -> str:
@@ -109,12 +110,10 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
     needs it could run code). A folder of shards answers with its trainer.pt: all but the tensors."""
     path = Path(path)
     if path.is_dir():
-        if not (path / ".metadata").is_file():
-            raise NotACheckpoint(f"{path} has no .metadata: not a complete sharded checkpoint")
-        payload = load_checkpoint(path / "trainer.pt") if (path / "trainer.pt").is_file() else None
-        if payload is None:
-            raise NotACheckpoint(f"{path} has no trainer.pt: not a complete sharded checkpoint")
-        return payload
+        for name in (METADATA_FILE, TRAINER_FILE):
+            if not (path / name).is_file():
+                raise NotACheckpoint(f"{path} has no {name}: not a complete sharded checkpoint")
+        return load_checkpoint(path / TRAINER_FILE)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -124,7 +123,7 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
             ) from None
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise NotACheckpoint(f"{path} is unreadable ({first}): not a checkpoint of this project") from None
-    whole = path.name != "trainer.pt"  # a ddp checkpoint; a folder's trainer.pt has no tensors
+    whole = path.name != TRAINER_FILE  # a ddp checkpoint; a folder's trainer.pt has no tensors
     if not isinstance(payload, dict) or "step" not in payload or (whole and "model" not in payload):
         raise NotACheckpoint(f"{path} is not a checkpoint of this project (no 'model' or 'step')")
     return payload

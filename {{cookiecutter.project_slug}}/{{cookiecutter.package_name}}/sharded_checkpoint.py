@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import io
-import logging
 import os
 import pickle
 import threading
@@ -33,14 +32,10 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
-from .checkpoint import TMP_PREFIX, Checkpointer, fsync_dir, write_atomically
+from .checkpoint import METADATA_FILE, TMP_PREFIX, TRAINER_FILE, Checkpointer, fsync_dir, write_atomically
 from .config import CheckpointConfig
 from .fsdp import load_sharded_state, sharded_state
 
-log = logging.getLogger(__name__)
-
-TRAINER_FILE = "trainer.pt"
-METADATA_FILE = ".metadata"
 TENSOR_KEYS = ("model", "optimizer")  # DCP's part of a trainer's state; the rest goes to trainer.pt
 
 
@@ -125,10 +120,6 @@ def load_weights(path: Path, model: nn.Module) -> None:
     state = {"model": model.state_dict()}
     load_into(path, state)
     model.load_state_dict(state["model"])
-
-
-def is_complete(path: Path) -> bool:
-    return (path / METADATA_FILE).is_file() and (path / TRAINER_FILE).is_file()
 
 
 class ShardedCheckpointer(Checkpointer):
