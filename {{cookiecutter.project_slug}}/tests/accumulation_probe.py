@@ -1,13 +1,17 @@
 """Run by tests/e2e/test_step.py under torchrun: one optimizer step of accumulated micro-batches
-against one step of the whole batch, through the project's StepRunner and DDP wrapping.
+against one step of the whole batch, through the project's StepRunner and its DDP wrapping (or,
+with `fsdp` after the micro-batch count, its FSDP sharding).
 
-Prints one JSON line (rank 0): the largest gradient difference and the all-reduces each made.
+Prints one JSON line (rank 0): the largest gradient difference and the gradient reductions each
+made (DDP's bucket all-reduces, FSDP's reduce-scatters).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -16,8 +20,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, TrainerConfig  # noqa: E402
+from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, FSDPConfig, TrainerConfig  # noqa: E402
 from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
+from {{cookiecutter.package_name}}.fsdp import shard_model  # noqa: E402
 from {{cookiecutter.package_name}}.step import StepRunner  # noqa: E402
 
 DDP = DDPConfig(
@@ -26,38 +31,63 @@ DDP = DDPConfig(
 )  # fmt: skip
 
 
-def one_step(accum: int, images: torch.Tensor, labels: torch.Tensor, env) -> tuple[list[torch.Tensor], int]:
-    """Gradients after the step's backwards (before the optimizer), and how many all-reduces ran."""
+@contextlib.contextmanager
+def counting_reduce_scatters(calls: list) -> Iterator[None]:
+    """Count FSDP's gradient reduce-scatters (it looks torch.distributed's up at each call)."""
+    original = torch.distributed.reduce_scatter_single
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    torch.distributed.reduce_scatter_single = counting
+    try:
+        yield
+    finally:
+        torch.distributed.reduce_scatter_single = original
+
+
+def one_step(accum: int, images: torch.Tensor, labels: torch.Tensor, env, strategy: str):
+    """Gradients after the step's backwards (before the optimizer), and how many reductions ran."""
     torch.manual_seed(0)  # the same initial weights for both
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 4))
-    ddp_model = wrap_ddp(model, DDP, env)
-    calls = []
+    calls: list = []
+    counting: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if strategy == "fsdp":
+        fsdp = FSDPConfig(blocks=["Linear"], reshard_after_forward=True, cpu_offload=False)
+        trained = shard_model(model, fsdp, "fp32", env.world_size)
+        counting = counting_reduce_scatters(calls)
+    else:
+        trained = wrap_ddp(model, DDP, env)
 
-    def counting_allreduce(state, bucket):
-        calls.append(bucket.index())
-        return default_hooks.allreduce_hook(state, bucket)
+        def counting_allreduce(state, bucket):
+            calls.append(bucket.index())
+            return default_hooks.allreduce_hook(state, bucket)
 
-    ddp_model.register_comm_hook(None, counting_allreduce)
+        trained.register_comm_hook(None, counting_allreduce)
     config = TrainerConfig(
         epochs=1, log_every_n_steps=1, record_samples=False, precision="fp32", channels_last=False,
         compile=False, grad_accum_steps=accum, clip_grad_norm=0.0,
     )  # fmt: skip
-    runner = StepRunner(ddp_model, torch.optim.SGD(model.parameters(), lr=0.1), config, env.device, env.world_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    runner = StepRunner(trained, optimizer, config, env.device, env.world_size, autocast=strategy == "ddp")
     weights = torch.ones(len(labels))
     real_samples = len(labels) * env.world_size
     micro_batches = zip(images.chunk(accum), labels.chunk(accum), weights.chunk(accum), strict=True)
-    for i, (x, y, w) in enumerate(micro_batches):
-        runner.micro_step(x, y, w, real_samples, sync=i == accum - 1)
-    return [p.grad.clone() for p in model.parameters()], len(calls)
+    with counting:
+        for i, (x, y, w) in enumerate(micro_batches):
+            runner.micro_step(x, y, w, real_samples, sync=i == accum - 1)
+    grads = [p.grad.full_tensor() if strategy == "fsdp" else p.grad.clone() for p in model.parameters()]
+    return grads, len(calls)
 
 
 def main() -> int:
-    accum = int(sys.argv[1])
+    accum, strategy = int(sys.argv[1]), (sys.argv[2:] or ["ddp"])[0]
     with distributed(DistConfig(backend="gloo", timeout_s=120)) as env:
         generator = torch.Generator().manual_seed(100 + env.rank)  # each rank its own batch
         images, labels = torch.randn(32, 3, 8, 8, generator=generator), torch.randint(0, 4, (32,), generator=generator)
-        big, big_calls = one_step(1, images, labels, env)
-        small, small_calls = one_step(accum, images, labels, env)
+        big, big_calls = one_step(1, images, labels, env, strategy)
+        small, small_calls = one_step(accum, images, labels, env, strategy)
         difference = max((a - b).abs().max().item() for a, b in zip(big, small, strict=True))
         scale = max(a.abs().max().item() for a in big)
         if env.is_main:
