@@ -1,11 +1,10 @@
-"""The language model, the second built-in task: it learns, resumes bit-exactly, evaluates exactly."""
+"""The language model, the second built-in task: it learns and evaluates exactly (its bit-exact resume
+after a SIGKILL, dropout on: tests/e2e/test_fsdp.py; a ddp one with dropout: test_own_model.py)."""
 
 from __future__ import annotations
 
 import math
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,11 @@ from {{cookiecutter.package_name}}.datasets import text
 
 from ..helpers import (
     PYTHON,
-    assert_bit_identical,
     finish,
     read_metrics,
     run,
     start,
-    steps_saved,
     torchrun,
-    wait_for,
-    worker_pid,
 )
 
 pytestmark = pytest.mark.slow
@@ -56,21 +51,13 @@ def test_language_model_learns_well_below_the_unigram_entropy(reference: Path) -
     assert final["val_samples"] == 301
 
 
-def test_language_model_resumes_bit_identically_after_sigkill(reference: Path, tmp_path: Path) -> None:
-    proc = start(tmp_path, 2, *LM, "trainer.epochs=2")
-    wait_for(lambda: 30 in steps_saved(tmp_path), "the checkpoint of step 30")
-    os.kill(worker_pid(tmp_path, 0), signal.SIGKILL)
-    code, output = finish(proc)
-    assert code == 0 and "resumed from" in output, output[-3000:]
-    assert_bit_identical(reference, tmp_path, step=200)
-
-
 def test_language_model_evaluation_is_identical_at_any_world_size(reference: Path) -> None:
     checkpoint = reference / "checkpoints" / "step_00000200.pt"
+    # 2 processes: tests/e2e/test_fsdp.py, from shards.
     lines = {nproc: torchrun("eval.py", nproc, f"ckpt_path={checkpoint}").stdout.strip().splitlines()[-1]
-             for nproc in (1, 2, 3)}  # fmt: skip
+             for nproc in (1, 3)}  # fmt: skip
     assert re.fullmatch(r"val_loss=[\d.]+ val_bpb=[\d.]+ val_samples=301", lines[1]), lines
-    assert lines[1] == lines[2] == lines[3]
+    assert lines[1] == lines[3]
 
 
 def test_language_model_metrics_reach_the_plot{% if cookiecutter.tensorboard == "yes" %}_and_tensorboard{% endif %}(reference: Path) -> None:
