@@ -165,7 +165,7 @@ class Trainer:
             try:
                 self.load_state_dict(found[1], found[0])
                 return found
-            except Exception as error:
+            except BaseException as error:  # DCP's CheckpointException is a BaseException
                 from torch.distributed.checkpoint.api import CheckpointException  # slow to import: when needed
 
                 if not isinstance(error, CheckpointException):
