@@ -83,7 +83,7 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 def full_state_dict(model: nn.Module, rank_zero_only: bool = False) -> dict[str, torch.Tensor]:
     """The whole, unsharded model state under the plain model's names (a collective when sharded).
-    With `rank_zero_only`, on CPU memory and on rank 0 only (the others get {})."""
+    Sharded and `rank_zero_only`: gathered on rank 0 only, in CPU memory (the others get {})."""
     if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -303,10 +303,10 @@ class Trainer:
         if result is None:
             log.info("training had already finished at step %d; evaluating", self.state.step)
             result = self.validate()
-        # validate() gave every rank rank 0's buffers; DDP kept the parameters equal. Under fsdp
-        # rank 0 gathers the whole weights: the same fingerprint as ddp's for the same weights.
+        # validate() gave every rank rank 0's buffers; DDP kept the parameters equal: each rank logs
+        # its own (the same). Under fsdp rank 0 gathers the whole weights: ddp's fingerprint for them.
         weights = full_state_dict(self.model, rank_zero_only=True)
-        if self.env.is_main:
+        if weights:
             log.info("weights at step %d: sha256 %s", self.state.step, weights_fingerprint(weights))
         return result
 
