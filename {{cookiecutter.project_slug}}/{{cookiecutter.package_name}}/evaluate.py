@@ -51,23 +51,23 @@ def evaluate(
     sums: torch.Tensor | None = None
     samples = torch.zeros((), dtype=torch.float64, device=device)
     forwards = max(all_gather_int(len(loader), device)) if lockstep else len(loader)
-    batches = iter(loader)
-    names: list[str] = []
-    for _ in range(forwards):
+    batches, filler = iter(loader), None
+
+    def metrics_of(batch: Any) -> dict[str, torch.Tensor]:
+        inputs, targets, _, _ = batch
+        return task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device))
+
+    for _ in range(max(forwards, 1)):  # one forward at least: an empty shard learns the metric names
         batch = next(batches, None)
-        real = batch is not None
-        inputs, targets, _, _ = batch if real else one_sample(loader)
-        values = task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device))
+        if batch is None:  # this rank's shard is shorter (or empty): a filler forward, figures dropped
+            filler = filler or one_sample(loader)
+        values = metrics_of(batch if batch is not None else filler)
         if sums is None:
             names = list(values)
             sums = torch.zeros(len(names), dtype=torch.float64, device=device)
-        if real:  # float64 sums: the order of addition differs between world sizes, the result must not.
+        if batch is not None:  # float64 sums: the order of addition varies with the world size, the result must not
             sums += torch.stack([values[name].double().sum() for name in names])
             samples += len(next(iter(values.values())))
-    if sums is None:  # this rank's shard is empty (more ranks than samples): learn the names
-        inputs, targets, _, _ = one_sample(loader)
-        names = list(task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device)))
-        sums = torch.zeros(len(names), dtype=torch.float64, device=device)
     all_reduce_sum(sums)
     all_reduce_sum(samples)
     model.train(was_training)
