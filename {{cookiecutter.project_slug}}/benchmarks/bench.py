@@ -87,13 +87,13 @@ def synchronize(device: torch.device) -> None:
     torch.distributed.barrier()
 
 
-def timed(run: Callable[[], int], device: torch.device) -> float:
-    """images/s of one call of `run` (which returns the images it trained on, all ranks)."""
+def timed(run: Callable[[], int], device: torch.device) -> tuple[float, int]:
+    """images/s of one call of `run`, and the images it trained on (all ranks), as `run` returns them."""
     synchronize(device)
     started = time.perf_counter()
     images = run()
     synchronize(device)
-    return images / (time.perf_counter() - started)
+    return images / (time.perf_counter() - started), images
 
 
 def project_round(trainer, stop: StopOnSigterm) -> Callable[[], int]:
@@ -203,8 +203,9 @@ def checkpoint_hold_ms(trainer) -> float:
     return held if held is not None else float("nan")
 
 
-def measure(args: argparse.Namespace, env, run_dir: Path) -> tuple[dict[str, list[float]], float, str]:
-    """images/s of each loop per round, the longest save hold, and why Lightning did not run."""
+def measure(args: argparse.Namespace, env, run_dir: Path) -> tuple[dict[str, list[float]], float, str, str]:
+    """images/s of each loop per round, the longest save hold, why Lightning did not run, and the work
+    each loop did (images per round; the optimizer steps the project's trainer counted)."""
     config = compose(args, env.world_size, run_dir)
     trainer = build_trainer(config, env, run_dir)
     stop = StopOnSigterm()
@@ -212,23 +213,28 @@ def measure(args: argparse.Namespace, env, run_dir: Path) -> tuple[dict[str, lis
     for run in loops.values():
         run()  # warm-up: compilation, worker start, allocator, cuDNN autotuning
     rates: dict[str, list[float]] = {name: [] for name in loops}
+    images: dict[str, set[int]] = {name: set() for name in loops}
     held = [checkpoint_hold_ms(trainer)]  # as at every epoch's end, outside the timed rounds
     for _ in range(args.rounds):  # alternating, so that drift in the machine hits both alike
         for name, run in loops.items():
-            rates[name].append(timed(run, env.device))
+            rate, count = timed(run, env.device)
+            rates[name].append(rate)
+            images[name].add(count)
         held.append(checkpoint_hold_ms(trainer))
     stop.close()
     trainer.metrics.close()
+    work = (f"work per round: {', '.join(f'{name} {sorted(counts)} images' for name, counts in images.items())}; "
+            f"the project's trainer counted {trainer.state.step} optimizer steps (warm-up included)")  # fmt: skip
     lightning = lightning_rates(config, env, args)  # its own fit, after the others
     if isinstance(lightning, str):
-        return rates, max(held), lightning
-    return {**rates, "lightning": lightning}, max(held), ""
+        return rates, max(held), lightning, work
+    return {**rates, "lightning": lightning}, max(held), "", work
 
 
 def main() -> int:
     args = parse_args()
     with distributed(DistConfig(backend="auto", timeout_s=600)) as env, tempfile.TemporaryDirectory() as scratch:
-        rates, held, lightning = measure(args, env, Path(scratch) / "run")
+        rates, held, lightning, work = measure(args, env, Path(scratch) / "run")
         median = {name: statistics.median(values) for name, values in rates.items()}
         if env.is_main:
             print(
@@ -239,6 +245,7 @@ def main() -> int:
             )
             for name, value in median.items():
                 print(f"{name:<10} {value:>10.0f} images/s   rounds: {' '.join(f'{r:.0f}' for r in rates[name])}")
+            print(work)
             print(f"ratio project/bare {median['project'] / median['bare']:.3f}")
             if "lightning" in median:
                 print(f"ratio project/lightning {median['project'] / median['lightning']:.3f}")

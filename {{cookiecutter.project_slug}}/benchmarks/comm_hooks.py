@@ -4,25 +4,30 @@
 
 Every hook trains the same model on the same fixed batch in this one run, with the project's
 own DDP wrapping and hook registration, so the rows compare with each other (not across runs).
-Bytes are what each rank hands to all-reduce per optimizer step.
+Bytes are what each rank hands to all-reduce per optimizer step, as measured: the tensors a hook
+hands to torch.distributed.all_reduce, or, without a hook, the gradient buckets DDP all-reduces
+itself; beside them their dtype and the hook DDP reports as registered.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from {{cookiecutter.package_name}}.comm_hooks import PowerSGDHook, register_comm_hook  # noqa: E402
+from {{cookiecutter.package_name}}.comm_hooks import register_comm_hook  # noqa: E402
 from {{cookiecutter.package_name}}.components import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.config import COMM_HOOKS, DDPConfig, DistConfig  # noqa: E402
 from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
@@ -30,21 +35,41 @@ from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # n
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # train.yaml's DDP settings, with PowerSGD's plain steps cut short so that the warm-up passes them.
 BASE = DDPConfig(**{**OmegaConf.to_container(OmegaConf.load(CONFIGS / "train.yaml").ddp), "powersgd_start_iter": 2})
-BYTES_PER_ELEMENT = {"none": 4, "fp16": 2, "bf16": 2}
 
 
-def bytes_per_step(hook_name: str, hook: object, model: torch.nn.Module, numel_before: int, steps: int) -> float:
-    if isinstance(hook, PowerSGDHook):  # PowerSGD counts what it sends, compressed or not
-        return 4 * (hook.state.total_numel_after_compression - numel_before) / steps
-    return BYTES_PER_ELEMENT[hook_name] * sum(p.numel() for p in model.parameters() if p.requires_grad)
+@contextlib.contextmanager
+def counting_all_reduces(sent: list[torch.Tensor]) -> Iterator[None]:
+    """Record every tensor the hooks hand to torch.distributed.all_reduce (they look it up at each call)."""
+    original = torch.distributed.all_reduce
+
+    def counting(tensor: torch.Tensor, *args, **kwargs):
+        sent.append(tensor)
+        return original(tensor, *args, **kwargs)
+
+    torch.distributed.all_reduce = counting
+    try:
+        yield
+    finally:
+        torch.distributed.all_reduce = original
 
 
-def measure(hook_name: str, args: argparse.Namespace, env) -> tuple[float, float]:
+def what_was_sent(ddp_model: DistributedDataParallel, sent: list[torch.Tensor], steps: int) -> tuple[float, str]:
+    """Bytes all-reduced per step and their dtypes: what a hook handed to all_reduce, or, without a hook,
+    the gradient buckets DDP's reducer all-reduces itself (its own record of their sizes, in bytes)."""
+    if sent:
+        nbytes = sum(tensor.numel() * tensor.element_size() for tensor in sent)
+        return nbytes / steps, ",".join(sorted({str(tensor.dtype).removeprefix("torch.") for tensor in sent}))
+    buckets = ddp_model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+    return float(sum(int(size) for size in str(buckets).split())), "float32"
+
+
+def measure(hook_name: str, args: argparse.Namespace, env) -> tuple[float, float, str, str]:
+    """images/s, bytes all-reduced per step, their dtypes, and the hook DDP says it has."""
     torch.manual_seed(0)
     config = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
     model = build_model({**config, "num_classes": 10}).to(env.device)  # type: ignore[dict-item]
     ddp_model = wrap_ddp(model, replace(BASE, comm_hook=hook_name), env)
-    hook = register_comm_hook(ddp_model, replace(BASE, comm_hook=hook_name), env)
+    register_comm_hook(ddp_model, replace(BASE, comm_hook=hook_name), env)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images = torch.randn(args.batch, 3, 32, 32, device=env.device)
     labels = torch.randint(0, 10, (args.batch,), device=env.device)
@@ -56,16 +81,18 @@ def measure(hook_name: str, args: argparse.Namespace, env) -> tuple[float, float
 
     for _ in range(args.warmup):  # also past PowerSGD's plain steps
         step()
-    numel_before = hook.state.total_numel_after_compression if isinstance(hook, PowerSGDHook) else 0
     torch.distributed.barrier()
+    sent: list[torch.Tensor] = []
     started = time.perf_counter()
-    for _ in range(args.steps):
-        step()
+    with counting_all_reduces(sent):
+        for _ in range(args.steps):
+            step()
     if env.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
     images_per_s = args.steps * args.batch * env.world_size / elapsed
-    return images_per_s, bytes_per_step(hook_name, hook, model, numel_before, args.steps)
+    registered = str(ddp_model._get_ddp_logging_data().get("comm_hook") or "-")
+    return images_per_s, *what_was_sent(ddp_model, sent, args.steps), registered
 
 
 def main() -> int:
@@ -87,9 +114,11 @@ def main() -> int:
         torch.distributed.barrier()
         if env.is_main:
             print(f"model {args.model}, {env.world_size} processes, batch {args.batch}/process, {env.backend}")
-            print(f"{'comm_hook':<10} {'images/s':>10} {'bytes all-reduced/step':>24} {'vs none':>8}")
-            for name, images_per_s, sent in rows:
-                print(f"{name:<10} {images_per_s:>10.0f} {sent:>24.0f} {sent / rows[0][2]:>8.3f}")
+            print(f"{'comm_hook':<10} {'images/s':>10} {'bytes all-reduced/step':>24} {'vs none':>8} "
+                  f"{'dtype':<16} registered hook")  # fmt: skip
+            for name, images_per_s, sent, dtypes, registered in rows:
+                print(f"{name:<10} {images_per_s:>10.0f} {sent:>24.0f} {sent / rows[0][2]:>8.3f} {dtypes:<16} "
+                      f"{registered}")  # fmt: skip
     return 0
 
 

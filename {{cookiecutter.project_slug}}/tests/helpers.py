@@ -5,13 +5,17 @@ each other."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import pickle
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,6 +66,77 @@ def compose_config(overrides: list[str] | None = None, name: str = "train", clas
 def cpu_env(rank: int, world_size: int) -> DistEnv:
     """What a process of a CPU job of `world_size` ranks (one node) sees; no process group needed."""
     return DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
+
+
+def on_ranks(world_size: int, function: Callable[..., object], *args: object, timeout: float = 120) -> list:
+    """`function(env, *args)` on `world_size` processes joined by a real gloo group, as a torchrun
+    job's workers are, with no port (a FileStore in a temporary file). `function` must be importable
+    (a module-level function of a test module). The processes fork from a server that imported torch
+    and the package once per test session, so a call costs no interpreter start-up. Each rank's
+    return value, in rank order; a rank's exception fails the test with its traceback."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "{{cookiecutter.package_name}}.trainer", "tests.helpers"])
+    results = context.SimpleQueue()
+    store_fd, store_file = tempfile.mkstemp(prefix="store_")
+    os.close(store_fd)
+    processes = [
+        context.Process(target=_rank_main, args=(rank, world_size, store_file, results, function, args), daemon=True)
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    outcome: dict[int, tuple[bool, bytes | str]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcome) < world_size:
+            if time.monotonic() > deadline:
+                pytest.fail(f"ranks {sorted(set(range(world_size)) - set(outcome))} did not finish in {timeout} s")
+            if results.empty():
+                time.sleep(0.01)
+                continue
+            rank, ok, value, hits = results.get()
+            outcome[rank] = (ok, value)
+            record_mutation_hits(hits)
+            if not ok:  # the others may wait on it in a collective: no need to wait for them
+                break
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+        os.unlink(store_file)
+    for rank in sorted(outcome):
+        ok, value = outcome[rank]
+        if not ok:
+            pytest.fail(f"rank {rank} failed:\n{value}")
+    return [pickle.loads(outcome[rank][1]) for rank in range(world_size)]  # type: ignore[arg-type]
+
+
+def _rank_main(rank: int, world_size: int, store_file: str, results, function, args) -> None:  # noqa: ANN001
+    torch.set_num_threads(1)  # as the launcher's OMP_NUM_THREADS=1: the ranks share the cores
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size))  # fmt: skip
+    try:
+        store = torch.distributed.FileStore(store_file, world_size)
+        torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        value = function(cpu_env(rank, world_size), *args)
+        torch.distributed.barrier()
+        # Pickled here by value: the queue's own pickler would share tensors through this process, which exits now.
+        results.put((rank, True, pickle.dumps(value), mutation_hits()))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc(), mutation_hits()))
+    finally:
+        os._exit(0)  # nothing of the parent's teardown in a forked child
+
+
+def mutation_hits() -> set[str]:
+    """Under mutation testing (mutmut, docs/layout.md): the package's functions this process ran."""
+    return set(sys.modules["mutmut.state"].state()._stats) if "mutmut.state" in sys.modules else set()
+
+
+def record_mutation_hits(hits: set[str]) -> None:
+    """Count the functions a rank ran as run by the test, so that mutmut runs it against their mutants."""
+    if hits and "mutmut.state" in sys.modules:
+        sys.modules["mutmut.state"].state()._stats.update(hits)
 
 
 # --- small data sets on disk, in the formats the project reads

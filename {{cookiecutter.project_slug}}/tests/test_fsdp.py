@@ -17,7 +17,7 @@ from {{cookiecutter.package_name}}.fsdp import check_offload, find_blocks
 from {{cookiecutter.package_name}}.models import GPT, SmallCNN
 from {{cookiecutter.package_name}}.sharded_checkpoint import MetadataUnpickler, SafeReader, read_whole
 
-from .helpers import PYTHON, compose_config, run
+from .helpers import PYTHON, compose_config, cpu_env, run
 
 
 @pytest.mark.parametrize(
@@ -64,6 +64,29 @@ def test_the_blocks_are_the_repeated_units_or_the_named_classes() -> None:
     assert len(find_blocks(resnet, ["BasicBlock"])) == 8
     assert find_blocks(SmallCNN(num_classes=3), []) == []  # the root only
     assert FSDPConfig(blocks=[], reshard_after_forward=True, cpu_offload=False).blocks == []
+
+
+def test_bf16_under_fsdp_computes_in_bf16_from_fp32_shards_and_reduces_the_loss_in_fp32(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    from {{cookiecutter.package_name}}.trainer import build_trainer
+
+    overrides = ["task=language_model", "strategy=fsdp", "trainer.precision=bf16", "model.width=32",
+                 "model.layers=1", "data.train_samples=24", "data.val_samples=10"]  # fmt: skip
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # fsdp's mesh needs a group
+    try:
+        trainer = build_trainer(to_train_config(compose_config(overrides)), cpu_env(0, 1), tmp_path)
+        seen = {}
+        layer = trainer.model.blocks[0].attention.qkv
+        layer.register_forward_pre_hook(lambda module, args: seen.update(weight=module.weight.dtype, x=args[0].dtype))
+        trainer.model.register_forward_hook(lambda module, args, output: seen.update(logits=output.dtype))
+        inputs, targets, weights, _ = next(iter(trainer.data.train_loader))
+        trainer.runner.micro_step(inputs, targets, weights, real_samples=len(weights), sync=True)
+        assert seen == {"weight": torch.bfloat16, "x": torch.bfloat16, "logits": torch.float32}, seen
+        assert trainer.runner.dtype is None, "no autocast: the policy casts"
+        assert layer.weight.to_local().dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.slow

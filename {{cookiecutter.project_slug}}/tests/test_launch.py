@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}} import launch as launch_module
 from {{cookiecutter.package_name}}.launch import (
     KEYS,
     LaunchError,
@@ -159,6 +160,27 @@ def test_preflight_refuses_bad_config_with_one_line(overrides: list[str], messag
     with pytest.raises(LaunchError) as error:
         preflight(["task=classification", "data=synthetic", "model=small_cnn", *overrides], None, launch)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_sync_batchnorm_on_several_cpu_processes_is_refused_before_torchrun(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a machine without GPUs, whatever this one has
+    job = ["task=classification", "data=synthetic", "model=small_cnn", "ddp.sync_batchnorm=true"]
+    with pytest.raises(LaunchError, match=r"^ddp.sync_batchnorm=true needs GPUs .* runs 2 processes on CPUs: drop it"):
+        preflight(job, None, planned("single", "NPROC_PER_NODE=2"))
+    preflight(job, None, planned("single", "NPROC_PER_NODE=1"))  # one process: nothing to sync with
+
+
+@pytest.mark.parametrize(("overrides", "message"), [(["dist.backend=nccl"], "dist.backend=nccl needs a GPU"),
+                                                    (["dist.timeout_s=0"], "dist.timeout_s must be > 0")])  # fmt: skip
+def test_the_communication_check_refuses_a_bad_override_before_torchrun(monkeypatch, capsys, overrides, message):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    started = []
+    monkeypatch.setattr(launch_module, "torchrun", lambda *args, **kwargs: started.append(args) or 0)
+    with pytest.raises(SystemExit) as exited:
+        main(["comm", "NPROC_PER_NODE=2", *overrides])
+    assert exited.value.code == 2 and not started
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
 def test_help_lists_every_key_with_its_default() -> None:

@@ -12,10 +12,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
 from {{cookiecutter.package_name}}.distributed import DistEnv
+from {{cookiecutter.package_name}}.fsdp import full_state_dict
 from {{cookiecutter.package_name}}.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.trainer import Trainer, build_trainer, optimizer_steps, prepare_model
 
-from .helpers import SMALL, compose_config
+from .helpers import SMALL, compose_config, on_ranks
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, backend="gloo", device=torch.device("cpu"))
 TINY = [*SMALL, "data.train_size=96", "data.val_size=16"]
@@ -88,7 +89,7 @@ def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:
     assert orders[0] != orders[1]
 
 
-@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp32", None)])
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", None)])
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_precision_and_memory_layout_reach_the_forward(tmp_path: Path, precision, dtype, channels_last) -> None:
     run = trainer(tmp_path, f"trainer.precision={precision}", f"trainer.channels_last={channels_last}")
@@ -104,6 +105,16 @@ def test_precision_and_memory_layout_reach_the_forward(tmp_path: Path, precision
     conv = next(p for p in run.model.parameters() if p.dim() == 4)
     assert seen == {"autocast": dtype, "inputs": channels_last}
     assert conv.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+def test_compile_wraps_the_model_that_trains_and_leaves_the_checkpointed_one_plain(tmp_path: Path) -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    compiled, plain = trainer(tmp_path / "a", "trainer.compile=true"), trainer(tmp_path / "b")
+    assert isinstance(compiled.runner.ddp_model, OptimizedModule)
+    assert compiled.runner.ddp_model._orig_mod is compiled.model
+    assert not isinstance(plain.runner.ddp_model, OptimizedModule)
+    assert not any(key.startswith("_orig_mod.") for key in compiled.state_dict()["model"])
 
 
 def test_ddp_gets_every_knob_of_the_config(tmp_path: Path) -> None:
@@ -137,3 +148,35 @@ def test_tensorboard_can_be_switched_off(tmp_path: Path) -> None:
     assert "TensorBoardLog" in sinks["true"] and "TensorBoardLog" not in sinks["false"]
     assert (tmp_path / "true" / "tb").is_dir() and not (tmp_path / "false" / "tb").exists()
 {%- endif %}
+
+
+def train_stop_resume(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict:
+    """One epoch of 6 steps with a checkpoint at step 4, then a second trainer (a restarted job)
+    that resumes from it and trains steps 5 and 6: both ends, and every rank's buffers after step 6."""
+    config = to_train_config(compose_config([*TINY, "data.train_size=96", "data.batch_size=8",
+                                             "checkpoint.every_n_steps=4", *overrides]))  # fmt: skip
+    ends = {}
+    for name in ("uninterrupted", "resumed"):
+        trained = build_trainer(config, env, run_dir)
+        stop = StopOnSigterm()
+        try:
+            trained.train_epoch(stop)
+        finally:
+            stop.close()
+        trained.checkpoints.wait()
+        ends[name] = {key: tensor.clone() for key, tensor in full_state_dict(trained.model).items()}
+        ends[f"{name}_step"] = trained.state.step
+        ends[f"{name}_buffers"] = {key: buffer.clone() for key, buffer in trained.model.named_buffers()}
+    return ends
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_model_with_buffers_resumes_bit_exactly_on_two_ranks(tmp_path: Path, strategy: str) -> None:
+    """small_cnn's BatchNorm statistics: every rank holds rank 0's after each step (ddp broadcasts them
+    at the next forward, fsdp after the step), and a resume gives every rank rank 0's, not another's."""
+    ranks = on_ranks(2, train_stop_resume, tmp_path, [f"strategy={strategy}", "model=small_cnn"])
+    ends = ranks[0]
+    assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
+    assert_same(ends["resumed"], ends["uninterrupted"], "the resumed run's weights and buffers")
+    if strategy == "fsdp":
+        assert_same(ranks[1]["resumed_buffers"], ends["resumed_buffers"], "rank 1's buffers (rank 0's)")

@@ -84,6 +84,15 @@ def choose_backend(requested: str, visible_gpus: int, local_world_size: int, mpi
     return BackendChoice(requested, use_cuda=visible_gpus > 0, shared_gpus=visible_gpus > 0 and not enough_gpus)
 
 
+def check_sync_batchnorm(config: DDPConfig, use_cuda: bool, world_size: int) -> None:
+    """SyncBatchNorm runs on GPUs only: on CPUs with several processes DDP's first forward would fail."""
+    if config.sync_batchnorm and world_size > 1 and not use_cuda:
+        raise ConfigError(
+            f"ddp.sync_batchnorm=true needs GPUs (SyncBatchNorm does not run on CPUs), and this job runs {world_size} "
+            "processes on CPUs: drop it, or run on GPUs"
+        )
+
+
 def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
@@ -225,11 +234,15 @@ def weights_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+BUFFER_BROADCAST_BYTES = 250 * 2**20  # as DDP coalesces its buffer broadcasts
+
+
 def sync_buffers_from_rank_zero(module: torch.nn.Module) -> None:
-    """Give every rank rank 0's buffers (BatchNorm statistics drift apart in the last step)."""
-    if is_distributed():
-        for buffer in module.buffers():
-            dist.broadcast(buffer, src=0)
+    """Give every rank rank 0's buffers (BatchNorm statistics drift apart in every step), in one
+    coalesced broadcast: the rule every strategy keeps (DDP's broadcast_buffers, fsdp after each step)."""
+    buffers = [buffer for buffer in module.buffers()]
+    if is_distributed() and buffers:
+        dist._broadcast_coalesced(dist.distributed_c10d._get_default_group(), buffers, BUFFER_BROADCAST_BYTES, 0)
 
 
 def wrap_ddp(model: nn.Module, config: DDPConfig, env: DistEnv) -> nn.Module:

@@ -38,7 +38,7 @@ from .config import (
     to_train_config,
 )
 from .data import build_data
-from .distributed import choose_backend, distributed, process_env
+from .distributed import check_sync_batchnorm, choose_backend, distributed, process_env
 from .evaluate import evaluate
 from .fsdp import check_offload
 from .hangs import keep_ddp_working_on_gloo
@@ -85,7 +85,9 @@ def prepare(argv: list[str]) -> None:
     register_resolvers()
 
 
-def check_launch(cfg: DictConfig, run_dir: Path | None, local_world_size: int, visible_gpus: int) -> None:
+def check_launch(
+    cfg: DictConfig, run_dir: Path | None, local_world_size: int, visible_gpus: int, world_size: int
+) -> None:
     """What the launcher checks before torchrun starts, so that a mistake fails once, with one
     line, not in every worker and every restart: the config, the backend for this many local
     processes and GPUs, the model, data sets, optimizer and task, and the checkpoint the run dir
@@ -93,6 +95,7 @@ def check_launch(cfg: DictConfig, run_dir: Path | None, local_world_size: int, v
     config = to_train_config(cfg)
     choice = choose_backend(config.dist.backend, visible_gpus, local_world_size, torch.distributed.is_mpi_available())
     check_offload(config, choice.use_cuda)
+    check_sync_batchnorm(config.ddp, choice.use_cuda, world_size)
 {%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
     check_trackers_installed(config.log)
 {%- endif %}
@@ -158,8 +161,9 @@ def run_train(cfg: DictConfig) -> None:
     def body() -> None:
         config = to_train_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        choice = process_env(config.dist)[4]  # an impossible backend fails here, before any process group
+        _, _, world_size, _, choice = process_env(config.dist)  # an impossible backend fails here, before any group
         check_offload(config, choice.use_cuda)
+        check_sync_batchnorm(config.ddp, choice.use_cuda, world_size)
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
         with distributed(config.dist, group_of_one=config.strategy == "fsdp") as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)

@@ -403,25 +403,48 @@ def describe_composition_error(error: BaseException) -> str:
     return f"{detail} (fix that override and launch again)"
 
 
-def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> None:
-    """Compose and check the config as the workers will, with this launch's processes and GPUs,
-    the data sets, model, optimizer and task, and the checkpoint a run dir would resume from."""
+def compose_train_config(overrides: list[str]):  # noqa: ANN201 (a DictConfig; omegaconf imported lazily)
+    """configs/train.yaml with the overrides, composed as the workers will; one line if it fails."""
     from hydra import compose, initialize_config_dir
 
-    from .config import ConfigError, config_dir, register_configs
-    from .entry import check_launch
+    from .config import config_dir, register_configs
     from .rundir import register_resolvers
 
     register_configs()
     register_resolvers()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides)
+            return compose(config_name="train", overrides=overrides)
     except Exception as error:
         raise LaunchError(describe_composition_error(error)) from None
-    gpus = launch.gpus if launch.gpus is not None else visible_gpu_count()
+
+
+def check_comm_config(overrides: list[str], launch: Launch) -> None:
+    """What check_comm.sh's workers compose (the dist section) and the backend they would choose."""
+    import torch.distributed
+
+    from .config import ConfigError, to_train_config
+    from .distributed import choose_backend
+
     try:
-        check_launch(cfg, run_dir, launch.nproc, gpus)
+        config = to_train_config(compose_train_config(overrides))
+        choose_backend(config.dist.backend, launch.gpus if launch.gpus is not None else visible_gpu_count(),
+                       launch.nproc, torch.distributed.is_mpi_available())  # fmt: skip
+    except ConfigError as error:
+        raise LaunchError(str(error)) from None
+
+
+def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> None:
+    """Compose and check the config as the workers will, with this launch's processes and GPUs,
+    the data sets, model, optimizer and task, and the checkpoint a run dir would resume from."""
+    from .config import ConfigError
+    from .entry import check_launch
+
+    cfg = compose_train_config(overrides)
+    gpus = launch.gpus if launch.gpus is not None else visible_gpu_count()
+    nodes = int(launch.values["NNODES"].split(":")[-1]) if launch.mode == "multi" else 1
+    try:
+        check_launch(cfg, run_dir, launch.nproc, gpus, launch.nproc * nodes)
     except ConfigError as error:
         raise LaunchError(str(error)) from None
 
@@ -521,7 +544,7 @@ def die_with_parent() -> None:
 def torchrun(
     launch: Launch, module: str, arguments: list[str], forwarder: Forwarder, failed_marker: Path | None = None
 ) -> int:
-    command = [sys.executable, "-m", "torch.distributed.run", *launch.torchrun_args, "-m", module, *arguments]
+    command = [sys.executable, "-m", f"{PACKAGE}.agent", *launch.torchrun_args, "-m", module, *arguments]
     nodes = NodeWait(launch.values) if "--standalone" not in launch.torchrun_args else None
     return forwarder.run(command, {**os.environ, **launch.env}, failed_marker, nodes)
 
@@ -833,6 +856,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         forwarder = Forwarder()
         try:
             if mode == "comm":
+                check_comm_config(args.overrides, launch)
                 check_rendezvous(launch)
                 return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
             if args.multirun:

@@ -17,7 +17,7 @@ from torch import nn
 
 from .batch import model_forward, to_device
 from .config import TrainerConfig
-from .distributed import gradient_sync
+from .distributed import gradient_sync, sync_buffers_from_rank_zero
 from .tasks import Classification
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,12 +50,16 @@ class StepRunner:
         world_size: int,
         task: Any = None,  # the loss per sample (tasks.py); classification when None
         autocast: bool = True,  # False where the model casts itself (fsdp's mixed-precision policy)
+        sync_buffers: bool = False,  # True under fsdp: rank 0's buffers on every rank after each step
     ) -> None:
         self.ddp_model, self.optimizer, self.device, self.world_size = ddp_model, optimizer, device, world_size
         self.task = task if task is not None else Classification()
         self.dtype = AUTOCAST_DTYPES[config.precision] if autocast else None
         self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
         self.clip_grad_norm = config.clip_grad_norm
+        # DDP's broadcast_buffers starts each step from rank 0's buffers; fsdp has nothing that does, so
+        # the ranks' BatchNorm statistics would drift apart and a checkpoint would keep any rank's copy.
+        self.sync_buffers = sync_buffers and any(True for _ in ddp_model.buffers())
         self.params = [p for group in optimizer.param_groups for p in group["params"]]  # what clipping sees
         # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
@@ -85,13 +89,15 @@ class StepRunner:
         return loss.detach()
 
     def optimizer_step(self) -> None:
-        """Clip, step, clear the gradients."""
+        """Clip, step, clear the gradients (and, under fsdp, give every rank rank 0's buffers)."""
         if self.clip_grad_norm > 0:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.sync_buffers:
+            sync_buffers_from_rank_zero(self.ddp_model)
 
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict() if self.scaler.is_enabled() else {}

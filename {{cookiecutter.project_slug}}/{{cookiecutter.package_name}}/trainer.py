@@ -308,6 +308,11 @@ class Trainer:
         weights = full_state_dict(self.model, rank_zero_only=True)
         if weights:
             log.info("weights at step %d: sha256 %s", self.state.step, weights_fingerprint(weights))
+        if self.config.trainer.compile:  # that trainer.compile took effect, and how well
+            from torch._dynamo.utils import counters
+
+            log.info("torch.compile: %d graphs compiled, %d graph breaks", counters["stats"]["unique_graphs"],
+                     sum(counters["graph_break"].values()))  # fmt: skip
         return result
 
     def train_epochs(self, stop: StopOnSigterm) -> EvalResult | None:
@@ -374,6 +379,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     else:
         saver = Checkpointer
     checkpoints = saver(run_dir / "checkpoints", config.checkpoint, is_writer=env.is_main)
+    runner = StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size, task, autocast=not sharded,
+                        sync_buffers=sharded)  # fmt: skip
     trainer = Trainer(
         config=config,
         env=env,
@@ -382,7 +389,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         optimizer=optimizer,
         data=data,
         task=task,
-        runner=StepRunner(ddp_model, optimizer, config.trainer, env.device, env.world_size, task, autocast=not sharded),
+        runner=runner,
         comm_hook=None if sharded else register_comm_hook(ddp_model, config.ddp, env),
         checkpoints=checkpoints,
         metrics=MetricsLog(run_dir / "metrics.jsonl", enabled=env.is_main),

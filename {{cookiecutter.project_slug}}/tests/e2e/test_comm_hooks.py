@@ -8,6 +8,8 @@ import signal
 import pytest
 import torch.distributed as dist
 
+from {{cookiecutter.package_name}}.models import SmallCNN
+
 from ..helpers import (
     SMALL,
     assert_bit_identical,
@@ -85,11 +87,17 @@ def test_bad_hook_settings_are_refused(override: str) -> None:
 
 
 @pytest.mark.slow
-def test_benchmark_gives_one_row_per_hook() -> None:
+def test_benchmark_gives_one_row_per_hook_with_what_it_registered_and_sent() -> None:
     proc = torchrun("benchmarks/comm_hooks.py", 2, "--steps=2", "--warmup=3")
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[-4:]}
-    assert set(rows) == {"none", "fp16", "bf16", "powersgd"}
+    assert set(rows) == {"none", "fp16", "bf16", "powersgd"}, proc.stdout
+    registered = {name: values[4] for name, values in rows.items()}
+    assert registered == {"none": "-", "fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook",
+                          "powersgd": "PowerSGDHook.run"}, proc.stdout  # fmt: skip
+    dtypes = {name: values[3] for name, values in rows.items()}
+    assert dtypes == {"none": "float32", "fp16": "float16", "bf16": "bfloat16", "powersgd": "float32"}, proc.stdout
     sent = {name: int(values[1]) for name, values in rows.items()}
-    assert sent["fp16"] == sent["bf16"] == sent["none"] // 2
-    assert 0 < sent["powersgd"] < sent["fp16"]
+    parameters = 4 * sum(p.numel() for p in SmallCNN(num_classes=10).parameters())  # fp32 gradients, one step
+    assert sent["none"] == parameters and sent["fp16"] == sent["bf16"] == parameters // 2, proc.stdout
+    assert 0 < sent["powersgd"] < sent["fp16"], proc.stdout
     assert all(float(values[0]) > 0 for values in rows.values())

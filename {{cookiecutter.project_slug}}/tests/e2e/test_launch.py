@@ -163,7 +163,6 @@ def test_pip_install_gives_a_working_package_with_its_configs(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_an_optuna_sweep_runs_one_torchrun_job_per_trial(tmp_path: Path) -> None:
-    pytest.importorskip("optuna")
     sweep_dir = tmp_path / "sweep"
     space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=tag(log,interval(0.01,0.3))"]
     command = ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"SWEEP_DIR={sweep_dir}", "-m", *space, *JOB]

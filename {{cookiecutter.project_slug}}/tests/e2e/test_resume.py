@@ -225,7 +225,7 @@ def test_resume_from_a_path_and_never_over_existing_checkpoints(reference: Path,
 
 
 def torchrun_agent(launcher_pid: int) -> int:
-    found = subprocess.run(["pgrep", "-P", str(launcher_pid), "-f", "torch.distributed.run"], capture_output=True,
+    found = subprocess.run(["pgrep", "-P", str(launcher_pid), "-f", r"\.agent "], capture_output=True,
                            text=True).stdout.split()  # fmt: skip
     assert len(found) == 1, found
     return int(found[0])
@@ -242,6 +242,7 @@ def test_a_signal_to_the_agent_or_ctrl_c_saves_at_the_next_step(tmp_path: Path, 
     returned, output = finish(proc)
     assert returned == code, output[-3000:]
     assert f"stopped by {signal.Signals(signum).name} after step" in output
+    assert "Traceback" not in output and "SignalException" not in output, "no agent's traceback over the workers' line"
     assert 16 < steps_saved(tmp_path)[-1] < LAST_STEP, "a checkpoint at the step it stopped"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -63,9 +64,11 @@ def test_bf16_accumulation_counts_steps_and_resumes_bit_identical_after_sigkill(
 @pytest.mark.slow
 def test_compiled_model_trains_and_saves_plain_weights(tmp_path: Path) -> None:
     # torch.compile on CPU builds C++ kernels (about 40 s here): the smallest job that compiles.
-    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL, "trainer.compile=true",
-         "trainer.epochs=1", "data.train_size=256", "data.val_size=64"])  # fmt: skip
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL,
+                "trainer.compile=true", "trainer.epochs=1", "data.train_size=256", "data.val_size=64"])  # fmt: skip
     assert read_metrics(tmp_path)[-1]["kind"] == "val"
+    compiled = re.search(r"torch.compile: (\d+) graphs compiled", proc.stderr)
+    assert compiled and int(compiled.group(1)) >= 1, "trainer.compile=true must compile the model"
     saved = torch.load(tmp_path / "checkpoints" / "step_00000004.pt", weights_only=True)
     assert not any(key.startswith("_orig_mod.") for key in saved["model"]), "the checkpoint loads without compile"
 
@@ -76,5 +79,9 @@ def test_benchmark_smoke_mode_compares_the_loops(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     rates = {line.split()[0]: float(line.split()[1]) for line in lines if "images/s" in line}
     assert {"project", "bare"} <= set(rates) and all(rate > 0 for rate in rates.values()), proc.stdout
-    assert any(line.startswith("ratio project/bare ") for line in lines), proc.stdout
+    # The same work in both loops, and the project's really done: 3 steps of 2 x 32 images a round, the
+    # warm-up round and one timed round.
+    assert "work per round: project [192] images, bare [192] images; the project's trainer counted 6 " in proc.stdout
+    ratio = float(next(line for line in lines if line.startswith("ratio project/bare ")).split()[-1])
+    assert ratio == pytest.approx(rates["project"] / rates["bare"], rel=0.01), proc.stdout
     assert "precision bf16" in lines[0] and "checkpoint save holds training" in lines[-1], proc.stdout
