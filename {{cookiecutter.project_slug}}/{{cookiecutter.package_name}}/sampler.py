@@ -14,6 +14,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from .distributed import DistEnv
+from .randomness import MASK64, sample_seed
+
+ORDER_KEY = -(2**40)  # the "index" an epoch's order is drawn from: no sample has it
 
 # A training key names one sample of one epoch; weight 0 marks padding that fills a rank's
 # share of the last, short global batch (it runs through the model but adds no gradient).
@@ -31,8 +34,8 @@ class ResumableDistributedSampler(DistributedSampler):
     size. Call `set_epoch(epoch)` before every epoch, as with DistributedSampler.
     """
 
-    def __init__(self, dataset_size: int, env: DistEnv, batch_size: int, seed: int, shuffle: bool = True) -> None:
-        super().__init__(range(dataset_size), num_replicas=env.world_size, rank=env.rank, shuffle=shuffle, seed=seed)
+    def __init__(self, dataset_size: int, env: DistEnv, batch_size: int, seed: int) -> None:
+        super().__init__(range(dataset_size), num_replicas=env.world_size, rank=env.rank, seed=seed)
         self.dataset_size = dataset_size
         self.batch_size = batch_size
         self.start = 0
@@ -46,14 +49,15 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start = samples_done
 
     def epoch_order(self) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.dataset_size)
-        return torch.randperm(self.dataset_size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        """This epoch's permutation of the set, drawn from (seed, epoch) well mixed: seed s in epoch
+        e+1 shares no order with seed s+1 in epoch e."""
+        generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, ORDER_KEY) & (MASK64 >> 1))
+        return torch.randperm(self.dataset_size, generator=generator)
 
     def steps_left(self) -> int:
         return math.ceil((self.dataset_size - self.start) / self.global_batch_size)
 
-    def real_samples_in_step(self, samples_done: int, global_batches: int = 1) -> int:
+    def real_samples_in_step(self, samples_done: int, global_batches: int) -> int:
         """How many real (non-padding) samples the next `global_batches` global batches hold."""
         return min(global_batches * self.global_batch_size, self.dataset_size - samples_done)
 
