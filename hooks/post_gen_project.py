@@ -27,7 +27,7 @@ UNCHOSEN_FILES = {
     ("tensorboard", "no"): [f"{PACKAGE}/tensorboard_log.py", "tests/e2e/test_tensorboard.py"],
     ("slurm", "no"): ["scripts/slurm.sbatch", "tests/e2e/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"],
     ("license", "none"): ["LICENSE"],
-    ("mlflow", "no"): [f"{PACKAGE}/mlflow_tracker.py"],
+    ("mlflow", "no"): [f"{PACKAGE}/mlflow_tracker.py", "tests/test_mlflow_tracker.py"],
     ("wandb", "no"): [f"{PACKAGE}/wandb_tracker.py"],
     ("trackers", "no"): [
         f"{PACKAGE}/trackers.py",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import time
 from pathlib import Path
@@ -27,8 +28,9 @@ from {{cookiecutter.package_name}}.launch import (
     usage,
     worker_environment,
 )
+from {{cookiecutter.package_name}}.rundir import FAILED_MARKER, FINISHED_MARKER, STOPPED_MARKER, STORE_ADDRESS_ENV
 
-from .helpers import free_port
+from .helpers import compose_config, free_port
 
 
 def planned(mode: str, *argv: str, environ: dict[str, str] | None = None, cluster: dict[str, str] | None = None):
@@ -247,3 +249,103 @@ def test_a_refused_launch_exits_2_with_one_line_and_leaves_no_run_dir(tmp_path: 
     err = capsys.readouterr().err
     assert err == "error: data.batch_size must be a whole number >= 1, got 0\n", err
     assert not (tmp_path / "outputs").exists(), "a refused launch must not create a run dir"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_during_the_checks_stops_the_launch_before_torchrun(monkeypatch, capsys, tmp_path, signum) -> None:
+    monkeypatch.chdir(tmp_path)
+    started = []
+    monkeypatch.setattr(launch_module, "torchrun", lambda *args, **kwargs: started.append(args) or 0)
+    checks = launch_module.preflight
+
+    def interrupted_checks(*args, **kwargs):  # the signal arrives while the launcher still checks
+        os.kill(os.getpid(), signum)
+        return checks(*args, **kwargs)
+
+    monkeypatch.setattr(launch_module, "preflight", interrupted_checks)
+    code = main(["single", "NPROC_PER_NODE=1", "task=classification", "data=synthetic", "model=small_cnn"])
+    assert code == 128 + signum and not started, "nothing was trained"
+    name = signal.Signals(signum).name
+    assert capsys.readouterr().err == f"stopped by {name} before torchrun started: nothing was trained\n"
+    assert not (tmp_path / "outputs").exists(), "no run dir for a launch that never started"
+
+
+@pytest.mark.parametrize(
+    ("markers", "torchrun_code", "signalled", "code", "said"),
+    [
+        ({FINISHED_MARKER: "48\n"}, 143, signal.SIGTERM, 0, "training had finished when SIGTERM came"),
+        ({STOPPED_MARKER: "1\n"}, 1, 0, 129, ""),  # SIGHUP sent to torchrun itself, not to the launcher
+        ({FAILED_MARKER: "nodes differ\n2\n"}, 1, 0, 2, "error: nodes differ (the traceback: "),
+        ({FAILED_MARKER: ""}, 1, 0, 1, "error: a worker stopped the job without saying why"),
+        ({}, 143, signal.SIGTERM, 143, ""),
+    ],
+)
+def test_the_jobs_exit_code_follows_what_the_workers_said(tmp_path, capsys, markers, torchrun_code, signalled, code,
+                                                          said) -> None:  # fmt: skip
+    control, run_dir = tmp_path / "control", tmp_path / "run"
+    control.mkdir()
+    for name, text in markers.items():
+        (control / name).write_text(text)
+    forwarder = launch_module.Forwarder()
+    forwarder.signal = signalled
+    try:
+        assert launch_module.job_exit_code(torchrun_code, run_dir, control, forwarder) == code
+    finally:
+        forwarder.close()
+    printed = capsys.readouterr()
+    assert said in printed.out + printed.err
+
+
+def test_a_job_on_one_node_listens_on_loopback_only() -> None:
+    single = planned("single", "NPROC_PER_NODE=2")
+    assert single.env[STORE_ADDRESS_ENV] == "127.0.0.1" and single.env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert planned("single", environ={"GLOO_SOCKET_IFNAME": "eth1"}).env["GLOO_SOCKET_IFNAME"] == "eth1", "the user's"
+    multi = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "LOCAL_ADDR=127.0.0.1")
+    assert multi.env[STORE_ADDRESS_ENV] == "127.0.0.1", "many nodes: the node's own address, when given"
+    assert STORE_ADDRESS_ENV not in planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1").env
+
+
+def test_run_dir_is_resolved_as_the_workers_resolve_it_and_refused_when_a_file(tmp_path: Path) -> None:
+    cfg = launch_module.compose_train_config(["task=classification", "seed=7"])
+    assert launch_module.resolved_run_dir(tmp_path / "run_${seed}", cfg) == tmp_path / "run_7"
+    assert launch_module.resolved_run_dir(None, cfg) is None
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(LaunchError, match=r"RUN_DIR=.*notes.txt is a file, not a run dir: give a folder"):
+        launch_module.resolved_run_dir(tmp_path / "notes.txt", cfg)
+    with pytest.raises(LaunchError, match=r"RUN_DIR=.*\$\{nope\}"):
+        launch_module.resolved_run_dir(tmp_path / "run_${nope}", cfg)
+
+
+def test_more_processes_than_memory_holds_are_refused_and_more_than_cores_warned(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    job = ["task=classification", "data=synthetic", "model=small_cnn"]
+    monkeypatch.setattr(launch_module, "available_memory", lambda: 3 * 2**30)
+    refused = r"^NPROC_PER_NODE=64 would need about \d+\.\d GiB \(64 processes .* 3.0 GiB available: start at most \d+ "
+    with pytest.raises(LaunchError, match=refused):
+        preflight(job, None, planned("single", "NPROC_PER_NODE=64"))
+    monkeypatch.setattr(launch_module, "available_memory", lambda: 64 * 2**30)
+    monkeypatch.setattr(launch_module, "too_many_for_the_cores", lambda nproc, on_gpus: f"warning: {nproc} on cores")
+    preflight(job, None, planned("single", "NPROC_PER_NODE=3"))
+    assert capsys.readouterr().err == "warning: 3 on cores\n"
+
+
+def test_a_relaunch_with_overrides_the_checkpoint_cannot_take_is_refused_before_torchrun(tmp_path: Path) -> None:
+    """The multi-node case of a run name used again: what a finished or half-done run's checkpoint says."""
+    import torch
+
+    from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
+
+    job = ["task=classification", "data=synthetic", "model=small_cnn", "trainer.epochs=2", "data.train_size=1024"]
+    plain = to_plain_dict(to_train_config(compose_config(job)))
+    for epoch, samples, overrides, refusal in [
+        (2, 0, ["optim.lr=0.01"], r"has finished \(epoch 2 of 2, step 32\) and would train nothing"),
+        (1, 512, ["data.train_size=4096"], r"another sample order or data set \(data.train_size: checkpoint 1024"),
+    ]:
+        run_dir = tmp_path / f"run_{epoch}"
+        (run_dir / "checkpoints").mkdir(parents=True)
+        payload = {"format_version": 1, "model": {}, "optimizer": {}, "step": 32, "epoch": epoch,
+                   "samples_in_epoch": samples, "config": plain}  # fmt: skip
+        torch.save(payload, run_dir / "checkpoints" / "step_00000032.pt")
+        with pytest.raises(LaunchError, match=refusal):
+            preflight([*job, *overrides], run_dir, planned("single", "NPROC_PER_NODE=2"))
+        preflight(job, run_dir, planned("single", "NPROC_PER_NODE=2"))  # as launched before: fine

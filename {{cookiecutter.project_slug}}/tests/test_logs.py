@@ -118,3 +118,28 @@ def test_a_torn_last_line_of_metrics_is_dropped_with_a_warning(tmp_path: Path, c
     metrics.drop_after(20)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [10, 20]
     assert "dropping line 4" in caplog.text
+
+
+def test_a_full_disk_is_said_once_on_the_console_and_stops_the_metrics_with_one_line(
+    tmp_path: Path, capsys, fresh_logging: None
+) -> None:
+    import errno
+
+    from {{cookiecutter.package_name}}.config import JobError
+
+    setup_logging(tmp_path, cpu_env(0, 1), all_ranks_console=False)
+    rank_log = next(h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler))
+
+    def no_space(text: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    rank_log.stream.write = no_space
+    for number in range(3):
+        logging.getLogger("x").info("line %d", number)
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and err.count("cannot be written") == 1, err
+    assert "rank_0.log cannot be written ([Errno 28] No space left on device): this rank logs to the console" in err
+    assert "line 2" in err, "the console goes on"
+    metrics = MetricsLog(tmp_path / "full" / "metrics.jsonl", enabled=True)  # a folder that is not there
+    with pytest.raises(JobError, match=r"metrics.jsonl cannot be written \(FileNotFoundError.*then launch again"):
+        metrics.write("train", step=1)

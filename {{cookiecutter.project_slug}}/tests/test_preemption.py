@@ -36,6 +36,7 @@ def test_without_a_signal_training_goes_on(fallback: list[int]) -> None:
     [
         ([signal.SIGTERM], "SIGTERM", 143),  # 128 + 15: what Slurm requeues on
         ([signal.SIGINT], "SIGINT", 130),  # Ctrl-C
+        ([signal.SIGHUP], "SIGHUP", 129),  # a closed terminal, a dropped ssh connection
         ([signal.SIGINT, signal.SIGTERM], "SIGINT", 130),  # Ctrl-C, then torchrun's shutdown: the first says why
     ],
 )

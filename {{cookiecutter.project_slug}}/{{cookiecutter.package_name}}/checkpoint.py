@@ -28,6 +28,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from .compatibility import check_resumable
 from .config import CheckpointConfig, ConfigError, JobError, first_line
 from .distributed import DistEnv, all_gather_int, broadcast_bytes
 
@@ -292,32 +293,16 @@ def check_format_version(path: Path | str, payload: dict[str, Any]) -> None:
         )
 
 
-def check_same_model(path: Path, saved_config: dict[str, Any], config: dict[str, Any]) -> None:
-    """Refuse, saying what differs, a checkpoint written for another model."""
-    saved, wanted = saved_config.get("model", {}), config["model"]
-    pairs = {f"model.{key}": (saved.get(key), wanted.get(key)) for key in sorted({*saved, *wanted})}
-    differences = [f"{key}: checkpoint {old!r}, config {new!r}" for key, (old, new) in pairs.items() if old != new]
-    if differences:
-        raise ConfigError(
-            f"checkpoint {path} does not fit this model ({'; '.join(differences)}): "
-            "use the same model settings, another run dir, or checkpoint.resume=never"
-        )
-    saved_optimizer = saved_config.get("optim", {}).get("_target_")
-    if saved_optimizer is not None and saved_optimizer != config["optim"].get("_target_"):
-        raise ConfigError(
-            f"checkpoint {path} holds the state of optim._target_={saved_optimizer}, not "
-            f"{config['optim'].get('_target_')}: resume with the same optimizer, another run dir, or "
-            "checkpoint.resume=never"
-        )
-
-
-def find_compatible_checkpoint(checkpoints: Checkpointer, config: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint to resume from, refused with a clear message if it holds another model."""
+def find_compatible_checkpoint(
+    checkpoints: Checkpointer, config: dict[str, Any], epochs: int
+) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume from, refused with a clear message if resuming it under `config`
+    would break a promise (compatibility.py)."""
     found = checkpoints.find_resume_payload()
     if found is not None:
         path, payload = found
         check_format_version(path, payload)
-        check_same_model(path, payload.get("config", {}), config)
+        check_resumable(path, payload, config, epochs)
     return found
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .redaction import redact
+
 
 def config_dir() -> Path:
     """configs/: inside the package once installed (`pip install .` puts it there), beside the
@@ -34,13 +36,15 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
-FAILED_MARKER = ".failed"  # in the run dir: the one line of a JobError, for the launcher
-
-
 class JobError(RuntimeError):
     """An error during training that no restart can fix (a diverged loss, a corrupt data file, a
-    failed checkpoint write): the job stops once, with one line; the traceback goes to the rank's
-    log file, and torchrun does not restart the workers."""
+    failed checkpoint write, nodes launched with other settings): the job stops once, with one line
+    and `exit_code` (2: a mistake in the launch); the traceback goes to the rank's log file, and
+    torchrun does not restart the workers."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def require(condition: bool, message: str) -> None:
@@ -223,6 +227,7 @@ class CheckpointConfig:
     every_n_steps: int = MISSING
     keep_last: int = MISSING
     resume: str = MISSING
+    allow_changes: list[str] = MISSING
 
     def check(self) -> None:
         require(self.every_n_steps >= 0, f"checkpoint.every_n_steps must be >= 0, got {self.every_n_steps}")
@@ -343,11 +348,12 @@ def check_all(section: Any) -> None:
 
 def to_plain_dict(config: Any) -> dict[str, Any]:
     """The config as plain dicts, lists and scalars (what a weights_only checkpoint may hold):
-    the groups as configured, so that the checkpoint's config composes again."""
+    the groups as configured, so that the checkpoint's config composes again. What is written of a
+    config (checkpoints, config.yaml, trackers) is this: credentials redacted (redaction.py)."""
     plain = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
     if isinstance(config.data, DataConfig):
         plain["data"] = config.data.node  # type: ignore[index]
-    return plain  # type: ignore[return-value]
+    return redact(plain)
 
 
 CONFIG_GROUPS = ("model", "data", "optim", "task")

@@ -27,9 +27,9 @@ from .checkpoint import (
     load_checkpoint,
     restore,
 )
+from .compatibility import check_same_config_everywhere
 from .components import build_model, build_task, check_components
 from .config import (
-    FAILED_MARKER,
     ConfigError,
     JobError,
     compose_for_checkpoint,
@@ -45,9 +45,10 @@ from .hangs import keep_ddp_working_on_gloo
 from .launch import die_with_parent
 from .logs import setup_logging
 from .preemption import Preempted
-from .rundir import register_resolvers
+from .rundir import FAILED_MARKER, register_resolvers, write_hydra_record, write_marker
 {%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
 from .trackers import check_installed as check_trackers_installed
+from .trackers import check_servers as check_tracker_servers
 {%- endif %}
 from .trainer import build_trainer
 
@@ -87,24 +88,26 @@ def prepare(argv: list[str]) -> None:
 
 def check_launch(
     cfg: DictConfig, run_dir: Path | None, local_world_size: int, visible_gpus: int, world_size: int
-) -> None:
+) -> torch.nn.Module:
     """What the launcher checks before torchrun starts, so that a mistake fails once, with one
     line, not in every worker and every restart: the config, the backend for this many local
-    processes and GPUs, the model, data sets, optimizer and task, and the checkpoint the run dir
-    would resume from. Nothing is written."""
+    processes and GPUs, the model, data sets, optimizer and task, the trackers' servers, and the
+    checkpoint the run dir would resume from. Nothing is written. The model, as built."""
     config = to_train_config(cfg)
     choice = choose_backend(config.dist.backend, visible_gpus, local_world_size, torch.distributed.is_mpi_available())
     check_offload(config, choice.use_cuda)
     check_sync_batchnorm(config.ddp, choice.use_cuda, world_size)
 {%- if cookiecutter.mlflow == "yes" or cookiecutter.wandb == "yes" %}
     check_trackers_installed(config.log)
+    check_tracker_servers(config.log)
 {%- endif %}
     model = check_components(config)
     check_room_for_checkpoints(run_dir if run_dir is not None else Path("outputs"), model)
     folder = (run_dir if run_dir is not None else Path("outputs") / "(new run)") / "checkpoints"
     checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False)
     checkpoints.refuse_to_overwrite()
-    find_compatible_checkpoint(checkpoints, to_plain_dict(config))
+    find_compatible_checkpoint(checkpoints, to_plain_dict(config), config.trainer.epochs)
+    return model
 
 
 def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
@@ -140,17 +143,15 @@ def reporting_user_errors(body: Callable[[], None]) -> None:
 
 
 def stop_job(error: JobError) -> NoReturn:
-    """An error no restart can fix: the traceback to this rank's log file, the one line to the
-    run dir's FAILED_MARKER for the launcher (which stops the whole job and prints it), and exit 0
-    so that torchrun does not restart the workers."""
+    """An error no restart can fix: the traceback to this rank's log file, the one line and the exit
+    code to FAILED_MARKER for the launcher (which stops the whole job and prints it), and exit 0 so
+    that torchrun does not restart the workers."""
     message = str(error).strip().splitlines()[-1]
     message = message.split("JobError: ", 1)[-1]  # raised in a DataLoader worker: its last line is ours
     log.error("stopping: %s", message, exc_info=error, extra={"file_only": True})
-    try:
-        (Path(HydraConfig.get().runtime.output_dir) / FAILED_MARKER).write_text(message + "\n")
-    except Exception:  # no run dir to write to: say it here instead
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    if not write_marker(Path(HydraConfig.get().runtime.output_dir), FAILED_MARKER, f"{message}\n{error.exit_code}\n"):
+        print(f"error: {message}", file=sys.stderr, flush=True)  # no launcher to tell: say it here
+        sys.exit(error.exit_code)
     logging.shutdown()
     os._exit(0)
 
@@ -168,6 +169,9 @@ def run_train(cfg: DictConfig) -> None:
         with distributed(config.dist, group_of_one=config.strategy == "fsdp") as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)
+            check_same_config_everywhere(to_plain_dict(config), env)
+            if env.is_main:
+                write_hydra_record(run_dir, cfg, HydraConfig.get())
             result = build_trainer(config, env, run_dir).fit()
             log.info("final: %s", result.line())
 
@@ -187,6 +191,7 @@ def run_eval(cfg: DictConfig) -> None:
             raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
         overrides = list(HydraConfig.get().overrides.task)
         config = to_train_config(compose_for_checkpoint(payload.get("config", {}), overrides))
+        check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
         process_env(config.dist)
         with distributed(config.dist) as env:
             setup_logging(None, env, config.log.all_ranks_console)

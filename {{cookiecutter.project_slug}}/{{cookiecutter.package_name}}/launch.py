@@ -13,21 +13,36 @@ command line does not give them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
+
+from .capacity import available_memory, check_processes_fit, oom_kills, oom_line, peak_rss, too_many_for_the_cores
+from .redaction import redact_text
+from .rundir import (
+    CONTROL_DIR_ENV,
+    FAILED_MARKER,
+    FINISHED_MARKER,
+    STOPPED_MARKER,
+    STORE_ADDRESS_ENV,
+    clear_markers,
+    read_marker,
+)
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 USER_ERROR_EXIT = 2
@@ -260,8 +275,17 @@ def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str
         launch.torchrun_args = common + multi_node_args(values, launch.env)
     else:
         launch.torchrun_args = ["--standalone", *common]
+        launch.env.update(loopback_only(environ))
     launch.torchrun_args += args.torchrun_flags
     return launch
+
+
+def loopback_only(environ: dict[str, str]) -> dict[str, str]:
+    """A job on one node listens on 127.0.0.1 alone: torchrun's store (agent.py), gloo's and NCCL's
+    sockets (unless the user chose their interfaces)."""
+    interface = interface_of("127.0.0.1") or "lo"
+    own = {name: environ.get(name) or interface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    return {STORE_ADDRESS_ENV: "127.0.0.1", **own}
 
 
 def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
@@ -304,8 +328,9 @@ def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
     name = values.get("RUN_NAME") or f"multi_{address}_{port}"
     values["RUN_NAME"] = re.sub(r"[^A-Za-z0-9._-]", "_", name)
     args = []
-    if values["LOCAL_ADDR"]:
+    if values["LOCAL_ADDR"]:  # this node's own address: where its stores listen, not every interface
         args.append(f"--local-addr={values['LOCAL_ADDR']}")
+        env[STORE_ADDRESS_ENV] = values["LOCAL_ADDR"]
         interface = interface_of(values["LOCAL_ADDR"])
         if interface:  # gloo and NCCL take their interface from the hostname, which may resolve to loopback
             for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -434,43 +459,83 @@ def check_comm_config(overrides: list[str], launch: Launch) -> None:
         raise LaunchError(str(error)) from None
 
 
-def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> None:
-    """Compose and check the config as the workers will, with this launch's processes and GPUs,
-    the data sets, model, optimizer and task, and the checkpoint a run dir would resume from."""
+def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Path | None:
+    """Compose and check the config as the workers will, with this launch's processes and GPUs, the
+    data sets, model, optimizer and task, the checkpoint a run dir would resume from, and whether this
+    machine can hold that many processes. The run dir, its `${...}` resolved as the workers would."""
     from .config import ConfigError
     from .entry import check_launch
 
     cfg = compose_train_config(overrides)
+    run_dir = resolved_run_dir(run_dir, cfg)
     gpus = launch.gpus if launch.gpus is not None else visible_gpu_count()
     nodes = int(launch.values["NNODES"].split(":")[-1]) if launch.mode == "multi" else 1
     try:
-        check_launch(cfg, run_dir, launch.nproc, gpus, launch.nproc * nodes)
+        model = check_launch(cfg, run_dir, launch.nproc, gpus, launch.nproc * nodes)
     except ConfigError as error:
         raise LaunchError(str(error)) from None
+    weights = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    per_process = peak_rss() + 3 * weights  # what building them took here, and gradients and optimizer state
+    if refusal := check_processes_fit(launch.nproc, per_process, gpus > 0, available_memory()):
+        raise LaunchError(refusal)
+    if warning := too_many_for_the_cores(launch.nproc, gpus > 0):
+        say(warning, err=True)
+    return run_dir
+
+
+def resolved_run_dir(run_dir: Path | None, cfg) -> Path | None:  # noqa: ANN001 (a DictConfig)
+    """RUN_DIR as the workers will see it: a `${...}` in it resolved against the config (the lock and
+    the workers must agree on one folder), and refused when it names a file."""
+    from omegaconf import OmegaConf
+
+    if run_dir is not None and "${" in str(run_dir):
+        probe = cfg.copy()
+        OmegaConf.set_struct(probe, False)
+        probe.launch_run_dir = str(run_dir)
+        try:
+            run_dir = Path(str(probe.launch_run_dir))
+        except Exception as error:
+            raise LaunchError(f"RUN_DIR={run_dir}: {describe_composition_error(error)}") from None
+    if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
+        raise LaunchError(f"RUN_DIR={run_dir} is a file, not a run dir: give a folder (a new path starts a new run)")
+    return run_dir
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Forwarder:
-    """Passes SIGTERM and SIGINT on to torchrun while it runs, and remembers a SIGTERM."""
+    """From the launcher's start: remembers the first SIGTERM, SIGINT or SIGHUP (a closed terminal)
+    and passes it on to torchrun while it runs. A signal before torchrun starts means it never does."""
 
     def __init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None
-        self.signal = 0  # the first SIGTERM or SIGINT this launcher received: its exit code says which
-        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self.signal = 0  # the first stop signal this launcher received: its exit code says which
+        self.previous = {sig: signal.signal(sig, self.handle) for sig in FORWARDED_SIGNALS}
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         self.signal = self.signal or signum
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
-    def run(self, command: list[str], env: dict[str, str], failed_marker: Path | None = None,
+    def stopped_before_start(self) -> int | None:
+        """128 + the signal if one came before torchrun started (said in one line), else None."""
+        if not self.signal:
+            return None
+        say(f"stopped by {signal.Signals(self.signal).name} before torchrun started: nothing was trained", err=True)
+        return 128 + self.signal
+
+    def run(self, command: list[str], env: dict[str, str], failed: Callable[[], bool] = lambda: False,
             nodes: NodeWait | None = None) -> int:  # fmt: skip
-        """torchrun until it ends, or until a worker reports an error no restart can fix
-        (`failed_marker` appears), or until the nodes did not all come (`nodes`): then torchrun is
-        killed, and its workers die with it."""
+        """torchrun until it ends, or until a worker reports an error no restart can fix (`failed`
+        says so), or until the nodes did not all come (`nodes`): then torchrun is killed, and its
+        workers die with it."""
+        if (code := self.stopped_before_start()) is not None:
+            return code
         self.child = subprocess.Popen(command, env=env, preexec_fn=own_group_dying_with_parent)
         started = time.monotonic()
         while (code := self.child.poll()) is None:
-            if failed_marker is not None and failed_marker.is_file():
+            if failed():
                 self.stop_child()
                 return 1
             if nodes is not None and not nodes.done:
@@ -489,6 +554,12 @@ class Forwarder:
     def close(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def say(message: str, err: bool = False) -> None:
+    """A line on the console; none where the terminal is gone (after SIGHUP), as the job goes on."""
+    with contextlib.suppress(OSError):
+        print(message, file=sys.stderr if err else sys.stdout, flush=True)
 
 
 @dataclass
@@ -541,12 +612,12 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def torchrun(
-    launch: Launch, module: str, arguments: list[str], forwarder: Forwarder, failed_marker: Path | None = None
-) -> int:
+def torchrun(launch: Launch, module: str, arguments: list[str], forwarder: Forwarder,
+             failed: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
+    """torchrun (our agent.py: the same, quieter) on `module` with `arguments`; its exit code."""
     command = [sys.executable, "-m", f"{PACKAGE}.agent", *launch.torchrun_args, "-m", module, *arguments]
     nodes = NodeWait(launch.values) if "--standalone" not in launch.torchrun_args else None
-    return forwarder.run(command, {**os.environ, **launch.env}, failed_marker, nodes)
+    return forwarder.run(command, {**os.environ, **launch.env}, failed, nodes)
 
 
 def last_evaluation(run_dir: Path) -> dict | None:
@@ -589,34 +660,56 @@ def lock_run_dir(run_dir: Path, name: str = ".lock") -> int:
 
 def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: Forwarder) -> int:
     """One training job: check, then torchrun; the run dir and the last evaluation at the end."""
-    preflight(args.overrides, run_dir, launch)
+    run_dir = preflight(args.overrides, run_dir, launch)
     check_rendezvous(launch)
+    if (code := forwarder.stopped_before_start()) is not None:
+        return code
     run_dir = run_dir or new_dir()
     node_lock = f".lock.node{launch.values['NODE_RANK']}" if launch.mode == "multi" else ".lock"
     lock = lock_run_dir(run_dir, node_lock)  # each node's run dir: one job at a time
     node = f" (node {launch.values['NODE_RANK']})" if launch.mode == "multi" else ""
-    print(f"run dir: {run_dir}{node}", flush=True)
+    say(f"run dir: {run_dir}{node}")
+    in_memory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a full disk must not silence the workers
+    control = Path(tempfile.mkdtemp(prefix="train_control_", dir=in_memory))
+    launch = replace(launch, env={**launch.env, CONTROL_DIR_ENV: str(control)})
     if launch.values.get("DEBUG") == "1":  # the run dir is known only now
         debug_dir = run_dir.resolve() / "debug"
         debug_dir.mkdir(exist_ok=True)
         launch = replace(launch, env={**launch.env, **debug_dir_environment(debug_dir, dict(os.environ))})
-    from .config import FAILED_MARKER
-    from .preemption import STOPPED_MARKER  # the workers write them: the signal that stopped them, an error
-
-    stopped, failed = run_dir / STOPPED_MARKER, run_dir / FAILED_MARKER
-    stopped.unlink(missing_ok=True)
-    failed.unlink(missing_ok=True)
-    overrides = [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides]
-    code = torchrun(launch, f"{PACKAGE}.train", overrides, forwarder, failed)
-    if code != 0 and stopped.is_file() and not forwarder.signal:  # a signal sent to torchrun itself
-        code = 128 + int(stopped.read_text())
-    if failed.is_file():
-        print(f"error: {failed.read_text().strip()} (the traceback: {run_dir}/logs/)", file=sys.stderr, flush=True)
-        code = 1
-    print(f"run dir: {run_dir}{node} (logs/, metrics.jsonl, checkpoints/)", flush=True)
+    try:
+        clear_markers(run_dir, control)
+        overrides = [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides]
+        killed_before = oom_kills()
+        code = torchrun(launch, f"{PACKAGE}.train", overrides, forwarder,
+                        failed=lambda: read_marker(run_dir, FAILED_MARKER, control) is not None)  # fmt: skip
+        code = job_exit_code(code, run_dir, control, forwarder)
+        if line := oom_line(killed_before, oom_kills()):
+            say(f"error: {line}" if code else f"warning: {line} (torchrun restarted them)", err=True)
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
+    say(f"run dir: {run_dir}{node} (logs/, metrics.jsonl, checkpoints/)")
     if (record := last_evaluation(run_dir)) is not None:
-        print(f"last evaluation: {json.dumps(record)}", flush=True)
+        say(f"last evaluation: {json.dumps(record)}")
     os.close(lock)
+    return code
+
+
+def job_exit_code(code: int, run_dir: Path, control: Path, forwarder: Forwarder) -> int:
+    """What the job's end means, from the workers' markers rather than torchrun's code alone: an error
+    no restart can fix (its line, its code), training finished (0, whatever signal came after), or a
+    stop signal after its checkpoint (128 + the signal, also one sent to torchrun rather than here)."""
+    if (failed := read_marker(run_dir, FAILED_MARKER, control)) is not None:
+        message, _, exit_code = failed.strip().partition("\n")
+        message = message or "a worker stopped the job without saying why (its message could not be written)"
+        say(f"error: {redact_text(message)} (the traceback: {run_dir}/logs/)", err=True)
+        return int(exit_code) if exit_code.strip().isdigit() else 1
+    if read_marker(run_dir, FINISHED_MARKER, control) is not None:
+        if forwarder.signal:
+            say(f"training had finished when {signal.Signals(forwarder.signal).name} came: nothing more to do")
+        return 0
+    stopped = read_marker(run_dir, STOPPED_MARKER, control)
+    if code != 0 and stopped is not None and stopped.strip().isdigit() and not forwarder.signal:
+        return 128 + int(stopped)  # a signal sent to torchrun itself
     return code
 
 
@@ -678,6 +771,11 @@ def run_point(
 def sweep(launch: Launch, args: LaunchArgs, forwarder: Forwarder) -> int:
     """Each point of the sweep as its own torchrun job, one after another, in its own run dir of
     one sweep dir; a table of the points and their final figures at the end (results.md)."""
+    if "${" in launch.values["SWEEP_DIR"]:
+        raise LaunchError(f"SWEEP_DIR={launch.values['SWEEP_DIR']}: a sweep dir holds the runs of several configs, "
+                          "so it cannot follow one (${...}): give a plain path")  # fmt: skip
+    if Path(launch.values["SWEEP_DIR"]).is_file():
+        raise LaunchError(f"SWEEP_DIR={launch.values['SWEEP_DIR']} is a file: give a folder")
     sweep_dir = Path(launch.values["SWEEP_DIR"]) if launch.values["SWEEP_DIR"] else new_dir("sweep_")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     swept = {item.split("=", 1)[0] for item in args.overrides if "," in item or "(" in item}
@@ -826,7 +924,7 @@ def usage(mode: str) -> str:
 
 
 def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    say(f"error: {redact_text(message)}", err=True)
     sys.exit(USER_ERROR_EXIT)
 
 
@@ -838,7 +936,14 @@ def hydra_only(args: LaunchArgs) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    forwarder = Forwarder()  # first: a signal during the checks stops the launch before torchrun
+    try:
+        return launch_main(list(sys.argv[1:] if argv is None else argv), forwarder)
+    finally:
+        forwarder.close()
+
+
+def launch_main(argv: list[str], forwarder: Forwarder) -> int:
     mode = argv.pop(0) if argv and argv[0] in ("single", "multi", "comm") else "single"
     try:
         args = parse_args(argv, mode)
@@ -853,21 +958,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.multirun and mode != "single":
             raise LaunchError("-m (a sweep) runs on one node: use scripts/run_single.sh -m ...")
         launch = plan(mode, args, dict(os.environ), read_cluster_env(Path("scripts") / "cluster.env"))
-        forwarder = Forwarder()
-        try:
-            if mode == "comm":
-                check_comm_config(args.overrides, launch)
-                check_rendezvous(launch)
-                return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
-            if args.multirun:
-                return sweep(launch, args, forwarder)
-            if mode == "multi":
-                run_dir = Path("outputs") / launch.values["RUN_NAME"]
-            else:
-                run_dir = Path(launch.values["RUN_DIR"]) if launch.values["RUN_DIR"] else None
-            return train(launch, args, run_dir, forwarder)
-        finally:
-            forwarder.close()
+        if mode == "comm":
+            check_comm_config(args.overrides, launch)
+            check_rendezvous(launch)
+            return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
+        if args.multirun:
+            return sweep(launch, args, forwarder)
+        if mode == "multi":
+            run_dir = Path("outputs") / launch.values["RUN_NAME"]
+        else:
+            run_dir = Path(launch.values["RUN_DIR"]) if launch.values["RUN_DIR"] else None
+        return train(launch, args, run_dir, forwarder)
     except LaunchError as error:
         fail(str(error))
 

@@ -14,9 +14,11 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from .config import JobError, first_line
 from .distributed import DistEnv
+from .redaction import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,43 @@ class _RankFilter(logging.Filter):
         return record.levelno >= self.min_level
 
 
+class RedactingFormatter(logging.Formatter):
+    """Formats as logging does, then hides any password in a URI (tracebacks included): never on the
+    console, never in a rank's log file."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
+class RankLogFile(logging.FileHandler):
+    """A rank's log file. One that cannot be written (a full disk) is said once, on the console, and
+    then left alone: not a "--- Logging error ---" block for every record."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        logging.getLogger().removeHandler(self)
+        error = sys.exc_info()[1]
+        log.warning("%s cannot be written (%s): this rank logs to the console only", self.baseFilename, error)
+
+
+class RedactingStream:
+    """stdout or stderr with any password in a URI hidden, for what libraries print themselves (a
+    tracker's client prints its run's URL, say); everything else as the stream it wraps."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(redact_text(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -> None:
     """Route this process's log records to its rank file and, by rank and level, to the console."""
+    if not isinstance(sys.stdout, RedactingStream):
+        sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -49,15 +86,15 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
     console = logging.StreamHandler(sys.stderr)
     console_level = logging.INFO if env.is_main or all_ranks_console else logging.WARNING
     console.addFilter(_RankFilter(env.rank, env.local_rank, console_level, console=True))
-    console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+    console.setFormatter(RedactingFormatter(CONSOLE_FORMAT))
     root.addHandler(console)
 
     if run_dir is not None:
         log_dir = run_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_dir / f"rank_{env.rank}.log")
+        file_handler = RankLogFile(log_dir / f"rank_{env.rank}.log")
         file_handler.addFilter(_RankFilter(env.rank, env.local_rank))
-        file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        file_handler.setFormatter(RedactingFormatter(LOG_FORMAT))
         root.addHandler(file_handler)
     logging.captureWarnings(True)
 
@@ -88,8 +125,14 @@ class MetricsLog:
     def write(self, kind: str, **values: Any) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a", encoding="utf-8") as file:
-            file.write(json.dumps({"kind": kind, **values}) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as file:
+                file.write(json.dumps({"kind": kind, **values}) + "\n")
+        except OSError as error:  # a full disk: no restart would fix it
+            raise JobError(
+                f"{self.path} cannot be written ({first_line(error)}): free some space or fix the run dir's "
+                "permissions, then launch again (training resumes from the last checkpoint)"
+            ) from error
         for sink in self.sinks:
             sink.write(kind, values)
 

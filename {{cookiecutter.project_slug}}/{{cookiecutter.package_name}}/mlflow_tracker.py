@@ -7,14 +7,19 @@ when, is trackers.py's business; this module only speaks MLflow, on the trackers
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from .config import LogConfig
+from .config import ConfigError, LogConfig
+from .redaction import redact_text
 from .trackers import Held, Record
 
+CONNECT_TIMEOUT_S = 5.0
 MAX_METRICS_PER_CALL = 1000  # MLflow's limits on one log_batch call
 MAX_PARAMS_PER_CALL = 100
 MAX_PARAM_LENGTH = 500  # the longest param value every MLflow server takes (newer ones take more)
@@ -24,6 +29,22 @@ def tracking_uri(config: LogConfig, run_dir: Path) -> str:
     """Where the run goes: the config's URI, else the environment's, else a store in the run dir."""
     local = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
     return config.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or local
+
+
+def check_server(config: LogConfig) -> None:
+    """An MLflow server to log to must answer now; a local store (SQLite, a folder) is made as needed."""
+    uri = config.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    try:
+        socket.create_connection((parts.hostname, parts.port or {"http": 80, "https": 443}[parts.scheme]),
+                                 timeout=CONNECT_TIMEOUT_S).close()  # fmt: skip
+    except OSError as error:
+        raise ConfigError(
+            f"log.mlflow=true but the MLflow server at {redact_text(uri)} does not answer ({error.strerror or error}): "
+            "start it, fix log.mlflow_tracking_uri (or $MLFLOW_TRACKING_URI), or set log.mlflow=false"
+        ) from None
 
 
 def flat_params(node: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -44,6 +65,10 @@ class MlflowTracker:
 
     def __init__(self, config: LogConfig, run_dir: Path) -> None:
         from mlflow import MlflowClient
+
+        mlflow_logs = logging.getLogger("mlflow")  # MLflow prints to a handler of its own: through this rank's
+        mlflow_logs.handlers.clear()  # instead (its prefix, its log file, no credentials)
+        mlflow_logs.propagate = True
 
         self.client = MlflowClient(tracking_uri(config, run_dir))
         self.experiment = config.mlflow_experiment

@@ -1,5 +1,6 @@
-"""SIGTERM (what Slurm and Kubernetes send before a kill) and SIGINT (Ctrl-C) become a
-checkpoint and a clean exit: code 143 after SIGTERM (so Slurm requeues), 130 after SIGINT.
+"""SIGTERM (what Slurm and Kubernetes send before a kill), SIGINT (Ctrl-C) and SIGHUP (a closed
+terminal) become a checkpoint and a clean exit: code 143 after SIGTERM (so Slurm requeues), 130
+after SIGINT, 129 after SIGHUP.
 
 The ranks must stop after the same step, or the ones that go on would wait forever for the
 ones that left. So each rank's flag is max-reduced over a side gloo group, asynchronously:
@@ -21,12 +22,12 @@ from .distributed import is_distributed
 log = logging.getLogger(__name__)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-STOPPED_MARKER = ".stopped"  # in the run dir: which signal stopped the job (read by the launcher)
+# SIGHUP: a closed terminal or a dropped ssh connection, which would otherwise kill the job mid-step.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Preempted(Exception):
-    """Raised after the checkpoint that SIGTERM or SIGINT asked for is on disk."""
+    """Raised after the checkpoint that a stop signal asked for is on disk."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
@@ -34,7 +35,7 @@ class Preempted(Exception):
 
 
 class StopOnSigterm:
-    """Records SIGTERM or SIGINT and tells all ranks, in agreement, when to stop (and which)."""
+    """Records SIGTERM, SIGINT or SIGHUP and tells all ranks, in agreement, when to stop (and which)."""
 
     def __init__(self) -> None:
         # The first signal is the one that says why: after Ctrl-C, torchrun's own shutdown may send

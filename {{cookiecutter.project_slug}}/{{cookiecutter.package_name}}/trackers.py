@@ -126,6 +126,17 @@ def check_installed(config: LogConfig) -> None:
             )
 
 
+def check_servers(config: LogConfig) -> None:
+    """A tracker switched on whose server does not answer: one line before anything starts (its
+    client would retry for most of a minute, and then not say which server it tried)."""
+{%- if cookiecutter.mlflow == "yes" %}
+    if "mlflow" in switched_on(config):
+        from .mlflow_tracker import check_server
+
+        check_server(config)
+{%- endif %}
+
+
 def build_tracker(name: str, config: LogConfig, run_dir: Path) -> Tracker:
     """The tracker `name`; its module imports the tracker's package, which only a run that uses it needs."""
 {%- if cookiecutter.mlflow == "yes" %}

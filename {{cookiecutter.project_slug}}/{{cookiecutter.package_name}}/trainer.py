@@ -20,10 +20,10 @@ from .checkpoint import (
     TrainState,
     agree_on_checkpoint,
     check_format_version,
-    check_same_model,
     restore,
 )
 from .comm_hooks import hook_state_dict, load_hook_state, register_comm_hook
+from .compatibility import check_resumable
 from .components import build_model, build_optimizer, build_task
 from .config import JobError, TrainConfig, first_line, to_plain_dict
 from .data import Data, build_data
@@ -34,9 +34,10 @@ from .hangs import StallWatch, build_stall_watch
 from .logs import MetricsLog, use_progress_bar
 from .models import count_parameters
 from .optim import lr_at, set_lr
-from .preemption import STOPPED_MARKER, Preempted, StopOnSigterm
+from .preemption import Preempted, StopOnSigterm
 from .profiling import Profiler, build_profiler
 from .randomness import gather_rank_states, restore_rank_state, seed_rank
+from .rundir import FINISHED_MARKER, STOPPED_MARKER, write_marker
 from .sampler import ResumableDistributedSampler
 from .step import StepRunner, use_deterministic_kernels
 {%- if cookiecutter.tensorboard == "yes" %}
@@ -129,8 +130,8 @@ class Trainer:
     def load_state_dict(self, payload: dict[str, Any], source: Path | str = "checkpoint") -> None:
         """The exact inverse of state_dict(), at this world size (the generator states last). A
         payload without tensors is a sharded checkpoint's trainer.pt: they load from its folder."""
-        check_same_model(Path(source), payload.get("config", {}), self.plain_config)
         check_format_version(source, payload)
+        changes = check_resumable(source, payload, self.plain_config, self.config.trainer.epochs)
         if "model" not in payload:
             from .sharded_checkpoint import load_sharded  # torch.distributed.checkpoint: 1.7 s to import
 
@@ -156,6 +157,8 @@ class Trainer:
             source, self.state.epoch, self.state.step, self.state.samples_in_epoch, payload["world_size"],
             env.world_size,
         )  # fmt: skip
+        if changes:
+            log.info("resumed with settings other than the checkpoint's: %s", "; ".join(changes))
 
     def resume(self) -> tuple[Path, dict[str, Any]] | None:
         """Load the checkpoint checkpoint.resume names (the run dir's newest, by default); None if none.
@@ -277,7 +280,7 @@ class Trainer:
         self.checkpoints.wait()
         signum = stop.agreed
         if self.env.is_main:  # the launcher reads it: torchrun's own exit code does not say
-            (self.run_dir / STOPPED_MARKER).write_text(f"{signum}\n")
+            write_marker(self.run_dir, STOPPED_MARKER, f"{signum}\n")
         raise Preempted(f"stopped by {stop.signal_name} after step {self.state.step}; checkpoint saved", signum)
 
     def validate(self) -> EvalResult:
@@ -290,6 +293,9 @@ class Trainer:
         try:
             with self.stalls.naming_stalls():  # a collective that timed out names the ranks that stalled
                 result = self.train_epochs(stop)
+            self.checkpoints.wait()
+            if self.env.is_main:  # before the signal handlers go: a stop signal from here on changes nothing
+                write_marker(self.run_dir, FINISHED_MARKER, f"{self.state.step}\n")
         except BaseException:
             stop.close(wait=False)  # a peer may be gone: waiting for it could hang
             raise

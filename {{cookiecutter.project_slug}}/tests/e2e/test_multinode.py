@@ -102,6 +102,24 @@ def test_two_static_nodes_train_together_with_identical_weights() -> None:
 
 
 @pytest.mark.slow
+def test_nodes_launched_with_other_overrides_stop_together_in_one_line() -> None:
+    port, run_name = free_port(), f"differ_{uuid.uuid4().hex[:8]}"
+    nodes = [node(0, port, f"RUN_NAME={run_name}", *JOB), node(1, port, f"RUN_NAME={run_name}", *JOB, "optim.lr=0.01")]
+    try:
+        for proc in nodes:
+            output, _ = proc.communicate(timeout=240)
+            assert proc.returncode == 2, output[-3000:]
+            assert (
+                "error: the nodes were launched with different settings (node 1: optim.lr=0.01 where node 0 has 0.1): "
+                f"launch every node with the same overrides (the traceback: outputs/{run_name}/logs/)"
+            ) in output.splitlines(), output[-3000:]
+            assert "Traceback" not in output
+        assert not list((PROJECT_DIR / "outputs" / run_name).glob("checkpoints/step_*")), "nothing trained"
+    finally:
+        shutil.rmtree(PROJECT_DIR / "outputs" / run_name, ignore_errors=True)
+
+
+@pytest.mark.slow
 def test_resume_without_a_shared_filesystem_sends_the_checkpoint(tmp_path: Path) -> None:
     projects = []
     for name in ("node0", "node1"):  # each node its own disk: a copy of the project

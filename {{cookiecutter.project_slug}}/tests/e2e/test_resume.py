@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import re
 import signal
@@ -231,10 +233,35 @@ def torchrun_agent(launcher_pid: int) -> int:
     return int(found[0])
 
 
-@pytest.mark.parametrize(("target", "signum", "code"), [("agent", signal.SIGTERM, 143), ("group", signal.SIGINT, 130)])
-def test_a_signal_to_the_agent_or_ctrl_c_saves_at_the_next_step(tmp_path: Path, target: str, signum, code: int) -> None:
+def listening_addresses(session: int) -> set[str]:
+    """The addresses the processes of a session (a launch and everything it started) listen on."""
+    inodes = set()
+    for pid in subprocess.run(["pgrep", "-s", str(session)], capture_output=True, text=True).stdout.split():
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            with contextlib.suppress(OSError):
+                if (target := os.readlink(fd)).startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                raw = bytes.fromhex(fields[1].split(":")[0])  # each 32-bit word is little-endian
+                found.add(str(ipaddress.ip_address(b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)))))
+    return found
+
+
+# SIGTERM sent to torchrun itself (some schedulers do), Ctrl-C to the whole group, SIGHUP as a closed terminal.
+@pytest.mark.parametrize(
+    ("target", "signum", "code"),
+    [("agent", signal.SIGTERM, 143), ("group", signal.SIGINT, 130), ("group", signal.SIGHUP, 129)],
+)
+def test_a_signal_to_the_agent_ctrl_c_or_a_hangup_saves_at_the_next_step(tmp_path: Path, target: str, signum,
+                                                                          code: int) -> None:  # fmt: skip
     proc = start(tmp_path, 2, *JOB, "checkpoint.every_n_steps=0")
     wait_for(lambda: 16 in steps_saved(tmp_path), "the end of the first epoch")
+    if signum == signal.SIGINT:  # while it runs: a job on one node listens on loopback alone
+        assert listening_addresses(proc.pid) <= {"127.0.0.1", "::1"}, listening_addresses(proc.pid)
     if target == "agent":  # what some schedulers signal: torchrun itself, not the launch script
         os.kill(torchrun_agent(proc.pid), signum)
     else:  # Ctrl-C: the terminal signals the whole foreground group
@@ -289,3 +316,49 @@ def test_a_diverging_resume_stops_naming_the_step_and_keeps_finite_checkpoints(r
     for path in list_checkpoints(run_dir / "checkpoints"):
         weights = load_checkpoint(path)["model"].values()
         assert all(torch.isfinite(tensor).all() for tensor in weights if tensor.is_floating_point()), path
+
+
+def test_a_stop_signal_after_the_last_step_lets_the_run_finish_and_exit_0(tmp_path: Path) -> None:
+    # A large validation set: the signal lands while the final evaluation runs, training done.
+    proc = start(tmp_path, 2, *SMALL, "trainer.epochs=1", "data.val_size=30000", "checkpoint.every_n_steps=0")
+    last = 1024 // 64  # the epoch's last step
+    wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and any(r["step"] == last for r in read_metrics(tmp_path)),
+             "the last step's record")  # fmt: skip
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, output = finish(proc)
+    assert code == 0, output[-3000:]
+    assert "training had finished when SIGTERM came: nothing more to do" in output
+    assert steps_saved(tmp_path) == [last] and read_metrics(tmp_path)[-1]["kind"] == "val", "the run completed"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 16 MiB file system of its own (tmpfs, which needs root), to fill while a job writes to it."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def test_a_disk_that_fills_up_mid_run_stops_the_job_once_in_one_line_keeping_its_checkpoints(small_disk: Path) -> None:
+    run_dir = small_disk / "run"
+    proc = start(run_dir, 2, *JOB)
+    wait_for(lambda: 5 in steps_saved(run_dir), "the checkpoint of step 5")
+    with open(small_disk / "filler", "wb") as filler, contextlib.suppress(OSError):  # every byte left
+        while True:
+            filler.write(b"\0" * 2**20)
+            filler.flush()
+    code, output = finish(proc)
+    assert code == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "free some space" in errors[0], output
+    assert "Logging error" not in output and "Traceback" not in output, output[-3000:]
+    assert starts_logged(run_dir) == 1, "no restart: it would fail alike"
+    for path in list_checkpoints(run_dir / "checkpoints"):  # what was written stays whole
+        load_checkpoint(path)

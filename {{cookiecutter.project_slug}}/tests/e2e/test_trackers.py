@@ -139,12 +139,17 @@ def mlflow_server(tmp_path_factory) -> Iterator[str]:
             server.wait()
 
 
-def test_mlflow_run_survives_a_sigkill_with_every_step_once(mlflow_server: str, tmp_path: Path, monkeypatch) -> None:
+def test_mlflow_run_survives_a_sigkill_with_every_step_once_and_no_password(mlflow_server: str, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # log.mlflow_tracking_uri="" reads it
+    password = "pw-4a7c19e"  # the server asks for none; the client sends it: it must be written nowhere
+    uri = mlflow_server.replace("http://", f"http://tester:{password}@")
     run_dir = tmp_path / "run"
-    run_and_kill(run_dir, "log.mlflow=true", f"log.mlflow_experiment={tmp_path.name}")
+    output = run_and_kill(run_dir, "log.mlflow=true", f"log.mlflow_tracking_uri={uri}",
+                          f"log.mlflow_experiment={tmp_path.name}")  # fmt: skip
+    assert password not in output, "nor on the console"
+    written = [path for path in run_dir.rglob("*") if path.is_file() and password.encode() in path.read_bytes()]
+    assert written == [], "the checkpoints, config.yaml, .hydra/, the logs: redacted everywhere"
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name(tmp_path.name)
     runs = client.search_runs([experiment.experiment_id])
@@ -153,6 +158,8 @@ def test_mlflow_run_survives_a_sigkill_with_every_step_once(mlflow_server: str, 
     assert json.loads((run_dir / "trackers.json").read_text()) == {"mlflow": mlflow_run.info.run_id}
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["trainer.epochs"] == "4" and mlflow_run.data.params["model._target_"]
+    assert mlflow_run.data.params["log.mlflow_tracking_uri"] == uri.replace(password, "***")
+    assert not any(password in value for value in mlflow_run.data.params.values())
     expected = points_of_metrics_jsonl(run_dir)
     histories = {name: client.get_metric_history(mlflow_run.info.run_id, name) for name in mlflow_run.data.metrics}
     got = [(name, point.step) for name, history in histories.items() for point in history]
