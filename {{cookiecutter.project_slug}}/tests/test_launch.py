@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -251,20 +252,27 @@ def test_a_refused_launch_exits_2_with_one_line_and_leaves_no_run_dir(tmp_path: 
     assert not (tmp_path / "outputs").exists(), "a refused launch must not create a run dir"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_during_the_checks_stops_the_launch_before_torchrun(monkeypatch, capsys, tmp_path, signum) -> None:
+@pytest.mark.parametrize(("mode", "signum"), [("single", signal.SIGTERM), ("single", signal.SIGINT),
+                                              ("single", signal.SIGHUP), ("comm", signal.SIGTERM)])  # fmt: skip
+def test_a_signal_during_the_checks_stops_the_launch_before_torchrun(monkeypatch, capsys, tmp_path, mode, signum):
     monkeypatch.chdir(tmp_path)
-    started = []
-    monkeypatch.setattr(launch_module, "torchrun", lambda *args, **kwargs: started.append(args) or 0)
-    checks = launch_module.preflight
+    real_popen = subprocess.Popen
+
+    def no_torchrun(command, *args, **kwargs):
+        assert not any(str(part).endswith(".agent") for part in command), "torchrun started"
+        return real_popen(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", no_torchrun)
+    name = "preflight" if mode == "single" else "check_comm_config"
+    checks = getattr(launch_module, name)
 
     def interrupted_checks(*args, **kwargs):  # the signal arrives while the launcher still checks
         os.kill(os.getpid(), signum)
         return checks(*args, **kwargs)
 
-    monkeypatch.setattr(launch_module, "preflight", interrupted_checks)
-    code = main(["single", "NPROC_PER_NODE=1", "task=classification", "data=synthetic", "model=small_cnn"])
-    assert code == 128 + signum and not started, "nothing was trained"
+    monkeypatch.setattr(launch_module, name, interrupted_checks)
+    code = main([mode, "NPROC_PER_NODE=1", "task=classification", "data=synthetic", "model=small_cnn"])
+    assert code == 128 + signum, "nothing was trained"
     name = signal.Signals(signum).name
     assert capsys.readouterr().err == f"stopped by {name} before torchrun started: nothing was trained\n"
     assert not (tmp_path / "outputs").exists(), "no run dir for a launch that never started"

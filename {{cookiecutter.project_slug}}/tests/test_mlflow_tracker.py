@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
+from {{cookiecutter.package_name}}.entry import check_launch
 from {{cookiecutter.package_name}}.mlflow_tracker import check_server
 
 from .helpers import compose_config, free_port
@@ -22,6 +23,8 @@ def test_a_server_that_does_not_answer_is_refused_in_one_line_without_its_passwo
         f"log.mlflow=true but the MLflow server at http://ada:***@127.0.0.1:{port} does not answer (Connection "
         "refused): start it, fix log.mlflow_tracking_uri (or $MLFLOW_TRACKING_URI), or set log.mlflow=false"
     )
+    with pytest.raises(ConfigError, match="does not answer"):  # what the launch checks
+        check_launch(compose_config(["log.mlflow=true", f"log.mlflow_tracking_uri={uri}"]), None, 1, 0, 1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the environment's URI is checked alike
     with pytest.raises(ConfigError, match="does not answer"):
         check_server(to_train_config(compose_config(["log.mlflow=true"])).log)

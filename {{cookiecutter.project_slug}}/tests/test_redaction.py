@@ -40,3 +40,13 @@ def test_what_a_library_prints_itself_is_redacted_too(capsys) -> None:
     stream.flush()
     assert capsys.readouterr().out == "View run at: http://tester:***@127.0.0.1:5000/#/runs/1\n"
     assert stream.isatty() is sys.stdout.isatty() and stream.encoding == sys.stdout.encoding
+
+
+def test_the_config_a_checkpoint_and_the_trackers_get_holds_no_password() -> None:
+    from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
+
+    from .helpers import compose_config
+
+    config = to_train_config(compose_config(["data=cifar10", "data.root=s3://key:hush@bucket/cifar"]))
+    assert to_plain_dict(config)["data"]["root"] == "s3://key:***@bucket/cifar"
+    assert config.data.node["root"] == "s3://key:hush@bucket/cifar", "the job itself uses the real value"
