@@ -114,6 +114,7 @@ EXPECTED_FILES = {
     "tests/test_capacity.py",
     "tests/test_compatibility.py",
     "tests/test_mlflow_tracker.py",
+    "tests/test_randomness.py",
     "tests/test_redaction.py",
     "tests/test_checkpoint.py",
     "tests/test_components.py",

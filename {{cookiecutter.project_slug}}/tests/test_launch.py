@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -29,7 +30,13 @@ from {{cookiecutter.package_name}}.launch import (
     usage,
     worker_environment,
 )
-from {{cookiecutter.package_name}}.rundir import FAILED_MARKER, FINISHED_MARKER, STOPPED_MARKER, STORE_ADDRESS_ENV
+from {{cookiecutter.package_name}}.rundir import (
+    CONTROL_DIR_ENV,
+    FAILED_MARKER,
+    FINISHED_MARKER,
+    STOPPED_MARKER,
+    STORE_ADDRESS_ENV,
+)
 
 from .helpers import compose_config, free_port
 
@@ -357,3 +364,89 @@ def test_a_relaunch_with_overrides_the_checkpoint_cannot_take_is_refused_before_
         with pytest.raises(LaunchError, match=refusal):
             preflight([*job, *overrides], run_dir, planned("single", "NPROC_PER_NODE=2"))
         preflight(job, run_dir, planned("single", "NPROC_PER_NODE=2"))  # as launched before: fine
+
+
+SWEEP_JOB = ["task=classification", "data=synthetic", "model=small_cnn", "data.train_size=64", "data.val_size=16"]
+
+
+def quick_jobs(calls: list[list[str]], code: int = 0):
+    """torchrun's stand-in for sweeps: a point's job ends at once, leaving what a finished one leaves (its final
+    validation, val_loss = its learning rate; the finished marker), or exiting `code`."""
+
+    def torchrun(launch, module, arguments, forwarder, failed=None) -> int:
+        run_dir = Path(arguments[0].split("=", 1)[1].strip("'"))
+        calls.append(arguments[1:])
+        lr = float(next((item.split("=")[1] for item in arguments if item.startswith("optim.lr=")), "0.1"))
+        record = {"kind": "val", "step": 2, "epoch": 0, "val_loss": lr, "val_acc": 0.5, "val_samples": 16}
+        (run_dir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        if code == 0:
+            (Path(launch.env[CONTROL_DIR_ENV]) / FINISHED_MARKER).write_text("2\n")
+        return code
+
+    return torchrun
+
+
+def test_a_sweep_runs_each_point_once_in_its_own_run_dir_and_tabulates_them(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(launch_module, "torchrun", quick_jobs(calls))
+    sweep_dir = tmp_path / "sweep"
+    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", "optim.lr=0.1,-1,0.05", *SWEEP_JOB]
+    assert main(list(command)) == 1, "a failed point makes the sweep's exit code 1"
+    assert calls == [["optim.lr=0.1", *SWEEP_JOB], ["optim.lr=0.05", *SWEEP_JOB]], "the refused point never started"
+    points = sorted(path.name for path in sweep_dir.iterdir() if path.is_dir())
+    assert points == ["000_optim.lr=0.1", "001_optim.lr=-1", "002_optim.lr=0.05"]
+    status = [json.loads((sweep_dir / name / "sweep_point.json").read_text()) for name in points]
+    assert [row["status"] for row in status] == ["done", "failed", "done"]
+    assert status[1]["reason"].startswith("optim.lr must be a number > 0") and status[0]["final"]["val_loss"] == 0.1
+    table = (sweep_dir / "results.md").read_text().splitlines()
+    assert table[0] == "| point | overrides | status | val_loss | val_acc | val_samples |"
+    assert table[2:] == ["| 0 | optim.lr=0.1 | done | 0.1 | 0.5 | 16 |",
+                         "| 1 | optim.lr=-1 | failed (optim.lr must be a number > 0, got -1) |  |  |  |",
+                         "| 2 | optim.lr=0.05 | done | 0.05 | 0.5 | 16 |"]  # fmt: skip
+    capsys.readouterr()
+    calls.clear()
+    assert main(list(command)) == 1
+    assert calls == [], "the points that finished are not trained again (and the refused one is refused again)"
+    assert capsys.readouterr().out.count("done before, not trained again") == 2
+
+
+def test_a_sweep_stops_at_the_point_a_signal_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(launch_module, "torchrun", quick_jobs(calls, code=128 + signal.SIGTERM))
+    monkeypatch.setattr(launch_module.Forwarder, "stopped_before_start", lambda self: None)
+    original = launch_module.Forwarder.__init__
+
+    def signalled(self) -> None:  # the stop signal came during the first point's job
+        original(self)
+        self.signal = signal.SIGTERM
+
+    monkeypatch.setattr(launch_module.Forwarder, "__init__", signalled)
+    sweep_dir = tmp_path / "sweep"
+    code = main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", "optim.lr=0.1,0.05", *SWEEP_JOB])
+    assert code == 143 and len(calls) == 1, "the second point never starts"
+    assert f"sweep stopped by a signal: launch again with SWEEP_DIR={sweep_dir} to continue" in capsys.readouterr().out
+    assert json.loads((sweep_dir / "000_optim.lr=0.1" / "sweep_point.json").read_text())["status"] == "stopped"
+    assert not (sweep_dir / "results.md").exists()
+
+
+def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(launch_module, "torchrun", quick_jobs(calls))
+    space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.direction=maximize",
+             "optim.lr=tag(log,interval(0.01,0.3))", "optim.momentum=choice(0.8,0.9)"]  # fmt: skip
+    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *SWEEP_JOB]
+    assert main(list(command)) == 0
+    trials = [json.loads((tmp_path / "sweep" / f"00{i}_trial" / "sweep_point.json").read_text()) for i in range(3)]
+    rates = [trial["params"]["optim.lr"] for trial in trials]
+    assert all(0.01 <= rate <= 0.3 for rate in rates) and len(set(rates)) == 3
+    assert {trial["params"]["optim.momentum"] for trial in trials} <= {0.8, 0.9}
+    best = max(range(3), key=lambda i: rates[i])  # val_loss is the rate here, and the direction maximize
+    assert f"best trial: {best} (" in capsys.readouterr().out
+    calls.clear()
+    assert main(list(command)) == 0 and calls == [], "finished trials are told to the study again, not rerun"
+    with pytest.raises(SystemExit) as refused:
+        main(["single", "-m", "hydra/sweeper=optuna", *SWEEP_JOB])
+    assert refused.value.code == 2 and "found no search space" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
 from {{cookiecutter.package_name}}.distributed import DistEnv
 from {{cookiecutter.package_name}}.fsdp import full_state_dict
 from {{cookiecutter.package_name}}.preemption import StopOnSigterm
+from {{cookiecutter.package_name}}.rundir import FINISHED_MARKER, STOPPED_MARKER
 from {{cookiecutter.package_name}}.trainer import Trainer, build_trainer, optimizer_steps, prepare_model
 
 from .helpers import SMALL, compose_config, on_ranks
@@ -180,3 +181,41 @@ def test_a_model_with_buffers_resumes_bit_exactly_on_two_ranks(tmp_path: Path, s
     assert_same(ends["resumed"], ends["uninterrupted"], "the resumed run's weights and buffers")
     if strategy == "fsdp":
         assert_same(ranks[1]["resumed_buffers"], ends["resumed_buffers"], "rank 1's buffers (rank 0's)")
+
+
+def test_fit_trains_validates_and_checkpoints_every_epoch_then_says_it_has_finished(tmp_path: Path, caplog) -> None:
+    caplog.set_level("INFO")
+    run = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=2", "checkpoint.keep_last=10")
+    result = run.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    validations = [record for record in records if record["kind"] == "val"]
+    assert [(r["epoch"], r["step"]) for r in validations] == [(0, 3), (1, 6)], "one validation per epoch, at its end"
+    assert validations[-1]["val_loss"] == result.loss and result.samples == 16
+    saved = sorted(path.name for path in (tmp_path / "checkpoints").glob("step_*.pt"))
+    assert saved == ["step_00000002.pt", "step_00000003.pt", "step_00000004.pt", "step_00000006.pt"]
+    assert (tmp_path / FINISHED_MARKER).read_text() == "6\n"
+    again = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=2", "checkpoint.keep_last=10")
+    assert again.fit() == result and again.state.step == 6, "nothing trained again, the same evaluation"
+    assert "training had already finished at step 6; evaluating" in caplog.text
+
+
+def test_a_stop_signal_checkpoints_the_step_and_says_which_signal(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from {{cookiecutter.package_name}}.preemption import Preempted
+
+    run = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=0")
+    step = run.train_step
+
+    def step_then_signal(*args) -> None:  # SIGTERM arrives during the second step
+        step(*args)
+        if run.state.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    run.train_step = step_then_signal
+    with pytest.raises(Preempted, match="stopped by SIGTERM after step 2; checkpoint saved") as stopped:
+        run.fit()
+    assert stopped.value.exit_code == 143 and (tmp_path / STOPPED_MARKER).read_text() == "15\n"
+    assert [path.name for path in (tmp_path / "checkpoints").glob("step_*.pt")] == ["step_00000002.pt"]
+    assert not (tmp_path / FINISHED_MARKER).exists()

@@ -1,0 +1,53 @@
+"""randomness.py: a sample's draws from (seed, epoch, index); each rank's generator states across a resume."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.randomness import (
+    building_sample,
+    current_sample,
+    gather_rank_states,
+    restore_rank_state,
+    sample_generator,
+    sample_seed,
+    sample_seeds,
+)
+
+
+def test_a_samples_seed_mixes_all_three_parts_and_the_vectorised_draw_agrees() -> None:
+    seeds = {sample_seed(s, e, i) for s in range(3) for e in range(3) for i in range(3)}
+    assert len(seeds) == 27 and all(0 <= seed < 2**64 for seed in seeds)
+    indices = torch.tensor([0, 1, 7, 1000])
+    expected = [sample_seed(4, 2, int(i)) for i in indices]
+    assert [value % 2**64 for value in sample_seeds(4, 2, indices).tolist()] == expected
+
+
+def test_the_sample_generator_draws_from_the_sample_being_built_and_only_there() -> None:
+    with building_sample(1, 2, 3):
+        assert current_sample() == (1, 2, 3)
+        first = torch.rand(3, generator=sample_generator())
+        assert torch.equal(first, torch.rand(3, generator=sample_generator())), "the same sample, the same draws"
+    with building_sample(1, 2, 4):
+        assert not torch.equal(first, torch.rand(3, generator=sample_generator()))
+    with pytest.raises(RuntimeError, match="only known while the project's loader builds a sample"):
+        current_sample()
+
+
+def test_rank_states_come_back_at_the_same_world_size_and_are_seeded_afresh_on_another() -> None:
+    torch.manual_seed(5)
+    random.seed(5)
+    saved = gather_rank_states(torch.device("cpu"))
+    expected = (torch.rand(2), random.random())
+    torch.manual_seed(99)
+    assert restore_rank_state(saved, seed=0, step=10, rank=0, world_size=1, device=torch.device("cpu"))
+    assert torch.equal(torch.rand(2), expected[0]) and random.random() == expected[1], "dropout resumes exactly"
+    assert not restore_rank_state(saved, seed=0, step=10, rank=1, world_size=2, device=torch.device("cpu"))
+    afresh = torch.rand(2)
+    restore_rank_state(saved, seed=0, step=10, rank=1, world_size=2, device=torch.device("cpu"))
+    assert torch.equal(torch.rand(2), afresh), "a function of (seed, step, rank)"
+    restore_rank_state(saved, seed=0, step=10, rank=0, world_size=2, device=torch.device("cpu"))
+    assert not torch.equal(torch.rand(2), afresh), "each rank its own"
