@@ -96,3 +96,55 @@ def test_a_failed_background_write_stops_the_run_and_keeps_the_previous_checkpoi
         checkpoints.raise_if_failed()
     assert load_checkpoint(folder / "step_00000001.pt")["step"] == 1
     assert not list(folder.glob(".tmp_*")), "no half-written file left"
+
+
+def test_only_the_writer_writes_and_a_step_is_saved_once(tmp_path: Path) -> None:
+    reader = Checkpointer(tmp_path / "r", CheckpointConfig(1, 3, "auto", []), is_writer=False)
+    assert not reader.save(1, {"step": 1, "model": {}}) and not (tmp_path / "r").exists(), "a non-writer writes nothing"
+    writer = checkpointer(tmp_path / "w", keep_last=3)
+    assert writer.save(1, {"step": 1, "model": {}})
+    assert not writer.save(1, {"step": 1, "model": {"changed": torch.ones(1)}}), "the same step again: skipped"
+    writer.wait()
+    assert writer.save(2, {"step": 2, "model": {}})
+    writer.wait()
+    assert load_checkpoint(tmp_path / "w" / "step_00000001.pt")["model"] == {}
+
+
+def fake_sharded(folder: Path, step: int) -> Path:
+    """A folder that passes for a sharded checkpoint (its metadata file and trainer.pt)."""
+    path = folder / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    (path / ".metadata").write_bytes(b"")
+    torch.save({"step": step}, path / "trainer.pt")
+    return path
+
+
+def test_folders_of_shards_are_pruned_and_set_aside_like_files(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        fake_sharded(folder, step)
+    checkpoints = checkpointer(folder, keep_last=2)
+    checkpoints.prune()
+    assert sorted(path.name for path in folder.iterdir()) == ["step_00000002", "step_00000003"]
+    checkpoints.set_aside(folder / "step_00000003")
+    assert sorted(path.name for path in folder.iterdir()) == ["step_00000002", "step_00000003.unreadable"]
+    assert checkpoints.newest_readable()[0] == folder / "step_00000002"
+    reader = Checkpointer(folder, CheckpointConfig(1, 2, "auto", []), is_writer=False)
+    reader.set_aside(folder / "step_00000002")
+    assert (folder / "step_00000002").is_dir(), "only the writer moves files"
+
+
+def test_resume_never_is_refused_where_checkpoints_exist_and_a_weight_mismatch_is_one_line(tmp_path: Path) -> None:
+    from {{cookiecutter.package_name}}.checkpoint import restore
+
+    folder = tmp_path / "checkpoints"
+    checkpointer(folder, keep_last=1, resume="never").refuse_to_overwrite()  # nothing there yet
+    save(checkpointer(folder, keep_last=1), 4)
+    with pytest.raises(ConfigError, match=r"checkpoint.resume=never but .* already holds checkpoints \(step_0+4.pt"):
+        checkpointer(folder, keep_last=1, resume="never").refuse_to_overwrite()
+    checkpointer(folder, keep_last=1, resume="auto").refuse_to_overwrite()
+    payload = {"format_version": 1, "step": 4, "model": torch.nn.Linear(3, 2).state_dict()}
+    with pytest.raises(ConfigError) as refused:
+        restore(torch.nn.Linear(4, 2), payload, Path("step_4.pt"))
+    assert str(refused.value).startswith("checkpoint step_4.pt does not fit this model: Error(s) in loading state_dict")
+    assert "\n" not in str(refused.value) and "size mismatch" in str(refused.value)

@@ -23,6 +23,8 @@ from .helpers import compose_config, cpu_env, on_ranks
         ("auto", 1, 4, "gloo", True, True),  # the single-GPU communication check
         ("gloo", 0, 3, "gloo", False, False),
         ("gloo", 2, 2, "gloo", True, False),
+        ("gloo", 1, 1, "gloo", True, False),  # gloo with CUDA tensors, one GPU each
+        ("gloo", 1, 2, "gloo", True, True),
         ("nccl", 4, 4, "nccl", True, False),
     ],
 )
@@ -49,6 +51,21 @@ def test_helpers_answer_for_a_world_of_one() -> None:
     assert distributed.is_main_process()
     value = torch.tensor([3.0])
     assert distributed.all_reduce_sum(value).item() == 3.0
+    assert distributed.all_gather_int(7, torch.device("cpu")) == [7]
+    distributed.sync_buffers_from_rank_zero(nn.BatchNorm1d(3))  # nothing to sync with: a no-op
+
+
+def buffers_after_sync(env) -> list[float]:
+    """Each rank's BatchNorm statistics set to its rank, then synced: what the rank holds, and what it says it is."""
+    norm = nn.BatchNorm1d(2)
+    norm.running_mean.fill_(env.rank + 1.0)
+    distributed.sync_buffers_from_rank_zero(norm)
+    return [*norm.running_mean.tolist(), distributed.get_rank(), distributed.get_world_size(),
+            distributed.is_main_process()]  # fmt: skip
+
+
+def test_every_rank_takes_rank_zeros_buffers() -> None:
+    assert on_ranks(2, buffers_after_sync) == [[1.0, 1.0, 0, 2, True], [1.0, 1.0, 1, 2, False]]
 
 
 def test_the_default_ddp_knobs_reach_ddp_where_ddps_own_defaults_differ() -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.randomness import (
+    as_int64,
     building_sample,
     current_sample,
     gather_rank_states,
@@ -24,6 +25,7 @@ def test_a_samples_seed_mixes_all_three_parts_and_the_vectorised_draw_agrees() -
     indices = torch.tensor([0, 1, 7, 1000])
     expected = [sample_seed(4, 2, int(i)) for i in indices]
     assert [value % 2**64 for value in sample_seeds(4, 2, indices).tolist()] == expected
+    assert (as_int64(2**63 - 1), as_int64(2**63), as_int64(2**64 - 1)) == (2**63 - 1, -(2**63), -1)
 
 
 def test_the_sample_generator_draws_from_the_sample_being_built_and_only_there() -> None:
