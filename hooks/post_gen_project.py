@@ -24,15 +24,27 @@ PACKAGE = "{{ cookiecutter.package_name }}"
 BAKED_BY_CRUFT = "{{ cookiecutter._commit | default('') }}" != ""
 
 UNCHOSEN_FILES = {
-    ("tensorboard", "no"): [f"{PACKAGE}/tensorboard_log.py", "tests/e2e/test_tensorboard.py"],
-    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/e2e/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"],
+    ("tensorboard", "no"): [
+        f"{PACKAGE}/observe/sinks/tensorboard.py",
+        "tests/observe/sinks/test_tensorboard.py",
+        "tests/e2e/test_tensorboard.py",
+    ],
+    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/e2e/test_slurm.py", "tests/e2e/local_slurm.py", "docs/slurm.md"],
     ("license", "none"): ["LICENSE"],
-    ("mlflow", "no"): [f"{PACKAGE}/mlflow_tracker.py", "tests/test_mlflow_tracker.py"],
-    ("wandb", "no"): [f"{PACKAGE}/wandb_tracker.py"],
+    ("mlflow", "no"): [
+        f"{PACKAGE}/observe/sinks/trackers/mlflow_tracker.py",
+        "tests/observe/sinks/trackers/test_mlflow_tracker.py",
+        "tests/e2e/test_mlflow.py",
+    ],
+    ("wandb", "no"): [
+        f"{PACKAGE}/observe/sinks/trackers/wandb_tracker.py",
+        "tests/observe/sinks/trackers/test_wandb_tracker.py",
+        "tests/e2e/test_wandb.py",
+    ],
     ("trackers", "no"): [
-        f"{PACKAGE}/trackers.py",
-        "tests/test_trackers.py",
-        "tests/e2e/test_trackers.py",
+        f"{PACKAGE}/observe/sinks/trackers",
+        "tests/observe/sinks/trackers",
+        "tests/e2e/tracker_jobs.py",
         "docs/trackers.md",
     ],
 }
@@ -41,8 +53,11 @@ UNCHOSEN_FILES = {
 def main() -> None:
     for (option, value), paths in UNCHOSEN_FILES.items():
         if CHOICES[option] == value:
-            for path in paths:
-                pathlib.Path(path).unlink()
+            for path in map(pathlib.Path, paths):
+                if path.is_dir():  # a folder: all its files
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
     for script in pathlib.Path("scripts").glob("*.sh"):
         script.chmod(0o755)
     # Not under cruft: `cruft update` bakes the old and the new template into temp dirs and applies

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -17,163 +18,39 @@ from cookiecutter.main import cookiecutter
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 
-# The generated project, file by file: a new file must be added here on purpose.
-EXPECTED_FILES = {
-    ".cookiecutter.json",
-    ".github/workflows/ci.yml",
-    ".gitignore",
-    ".pre-commit-config.yaml",
-    "LICENSE",
-    "README.md",
-    "docs/checkpoints.md",
-    "docs/communication.md",
-    "docs/configuration.md",
-    "docs/debugging.md",
-    "docs/fsdp.md",
-    "docs/language_model.md",
-    "docs/launching.md",
-    "docs/layout.md",
-    "docs/pitfalls.md",
-    "docs/slurm.md",
-    "docs/speed.md",
-    "docs/sweeps.md",
-    "docs/trackers.md",
-    "docs/troubleshooting.md",
-    "pyproject.toml",
-    "train.py",
-    "eval.py",
-    "benchmarks/comm_hooks.py",
-    "configs/train.yaml",
-    "configs/eval.yaml",
-    "configs/model/small_cnn.yaml",
-    "configs/model/resnet18.yaml",
-    "configs/model/resnet50.yaml",
-    "configs/model/gpt.yaml",
-    "configs/data/text.yaml",
-    "configs/task/classification.yaml",
-    "configs/task/language_model.yaml",
-    "configs/data/synthetic.yaml",
-    "configs/data/image_folder.yaml",
-    "configs/data/cifar10.yaml",
-    "configs/optim/sgd.yaml",
-    "configs/optim/adamw.yaml",
-    "scripts/check_comm.sh",
-    "scripts/cluster.env",
-    "scripts/plot_metrics.py",
-    "scripts/run_multi.sh",
-    "scripts/run_single.sh",
-    "scripts/slurm.sbatch",
-    "benchmarks/bench.py",
-    "benchmarks/fsdp_memory.py",
-    "PKG/__init__.py",
-    "PKG/agent.py",
-    "PKG/capacity.py",
-    "PKG/compatibility.py",
-    "PKG/redaction.py",
-    "PKG/batch.py",
-    "PKG/components.py",
-    "PKG/datasets.py",
-    "PKG/randomness.py",
-    "PKG/tasks.py",
-    "PKG/checkpoint.py",
-    "PKG/comm_check.py",
-    "PKG/comm_hooks.py",
-    "PKG/config.py",
-    "PKG/data.py",
-    "PKG/sampler.py",
-    "PKG/sharded_checkpoint.py",
-    "PKG/augment.py",
-    "PKG/distributed.py",
-    "PKG/entry.py",
-    "PKG/eval.py",
-    "PKG/launch.py",
-    "PKG/train.py",
-    "PKG/evaluate.py",
-    "PKG/export.py",
-    "PKG/fsdp.py",
-    "PKG/hangs.py",
-    "PKG/logs.py",
-    "PKG/models.py",
-    "PKG/optim.py",
-    "PKG/preemption.py",
-    "PKG/profiling.py",
-    "PKG/rundir.py",
-    "PKG/step.py",
-    "PKG/tensorboard_log.py",
-    "PKG/trainer.py",
-    "PKG/trackers.py",
-    "PKG/mlflow_tracker.py",
-    "PKG/wandb_tracker.py",
-    "tests/__init__.py",
-    "tests/helpers.py",
-    "tests/accumulation_probe.py",
-    "tests/local_slurm.py",
-    "tests/worker_env_probe.py",
-    "tests/test_agent.py",
-    "tests/test_augment.py",
-    "tests/test_capacity.py",
-    "tests/test_compatibility.py",
-    "tests/test_mlflow_tracker.py",
-    "tests/test_randomness.py",
-    "tests/test_redaction.py",
-    "tests/test_checkpoint.py",
-    "tests/test_components.py",
-    "tests/test_config.py",
-    "tests/test_data.py",
-    "tests/test_datasets.py",
-    "tests/test_distributed.py",
-    "tests/test_entry.py",
-    "tests/test_evaluate.py",
-    "tests/test_fsdp.py",
-    "tests/test_hangs.py",
-    "tests/test_launch.py",
-    "tests/test_logs.py",
-    "tests/test_optim.py",
-    "tests/test_preemption.py",
-    "tests/test_profiling.py",
-    "tests/test_rundir.py",
-    "tests/test_sampler.py",
-    "tests/test_step.py",
-    "tests/test_trainer.py",
-    "tests/test_trackers.py",
-    "tests/e2e/__init__.py",
-    "tests/e2e/test_comm_check.py",
-    "tests/e2e/test_comm_hooks.py",
-    "tests/e2e/test_data.py",
-    "tests/e2e/test_fsdp.py",
-    "tests/e2e/test_hang.py",
-    "tests/e2e/test_language_model.py",
-    "tests/e2e/test_launch.py",
-    "tests/e2e/test_multinode.py",
-    "tests/e2e/test_own_model.py",
-    "tests/e2e/test_profile.py",
-    "tests/e2e/test_resume.py",
-    "tests/e2e/test_resume_models.py",
-    "tests/e2e/test_slurm.py",
-    "tests/e2e/test_step.py",
-    "tests/e2e/test_tensorboard.py",
-    "tests/e2e/test_training.py",
-    "tests/e2e/test_trackers.py",
-}
+# The generated project is the template's folder, file by file, less what the hook removes for each
+# choice (its UNCHOSEN_FILES, read from the hook itself: one table, not two).
+def template_files() -> set[str]:
+    folder = TEMPLATE / "{{cookiecutter.project_slug}}"
+    ignored = {"__pycache__", ".pytest_cache", ".ruff_cache", "outputs", "mutants"}
+    return {
+        str(path.relative_to(folder)).replace("{{cookiecutter.package_name}}", "PKG")
+        for path in folder.rglob("*")
+        if path.is_file() and not ignored & set(path.parts)
+    }
 
-# What each non-default choice removes from the generated project.
-REMOVED = {
-    ("tensorboard", "no"): {"PKG/tensorboard_log.py", "tests/e2e/test_tensorboard.py"},
-    ("slurm", "no"): {"scripts/slurm.sbatch", "tests/e2e/test_slurm.py", "tests/local_slurm.py", "docs/slurm.md"},
-    ("license", "none"): {"LICENSE"},
-    ("mlflow", "no"): {"PKG/mlflow_tracker.py", "tests/test_mlflow_tracker.py"},
-    ("wandb", "no"): {"PKG/wandb_tracker.py"},
-    # trackers: "no" when neither mlflow nor wandb is chosen (derived, as the hook derives it)
-    ("trackers", "no"): {"PKG/trackers.py", "tests/test_trackers.py", "tests/e2e/test_trackers.py", "docs/trackers.md"},
-}
+
+def removed_by_hook() -> dict[tuple[str, str], set[str]]:
+    spec = importlib.util.spec_from_file_location("post_gen_project", TEMPLATE / "hooks" / "post_gen_project.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)  # its top level only defines tables and functions
+    return {
+        key: {path.replace("{{ cookiecutter.package_name }}", "PKG") for path in paths}
+        for key, paths in hook.UNCHOSEN_FILES.items()
+    }
+
+
+EXPECTED_FILES = template_files()
+REMOVED = removed_by_hook()
 # ...and words that must then appear in no generated file, in any case.
 TRACES = {
-    ("tensorboard", "no"): ["tensorboard_log", "SummaryWriter", "log.tensorboard", "tensorboard>=", "tb/"],
+    ("tensorboard", "no"): ["sinks/tensorboard", "sinks.tensorboard", "SummaryWriter", "log.tensorboard", "tensorboard>=",
+                            "tb/"],
     ("slurm", "no"): ["sbatch", "local_slurm", "SLURM_"],
     ("license", "none"): ["license = ", "Permission is hereby granted", "Apache License"],
     ("mlflow", "no"): ["mlflow"],
     ("wandb", "no"): ["wandb", "W&B", "Weights & Biases"],
-    ("trackers", "no"): ["trackers.json", "trackers.md", "from .trackers", "experiment-tracker"],
+    ("trackers", "no"): ["trackers.json", "trackers.md", "sinks/trackers", "sinks.trackers", "experiment-tracker"],
 }
 
 # Readable ids: each bake differs from the defaults in one way (git_init=no keeps .git out).
@@ -222,8 +99,8 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
     package = answers["package_name"]
     expected = set(EXPECTED_FILES)
     for (option, value), removed in REMOVED.items():
-        if answers[option] == value:
-            expected -= removed
+        if answers[option] == value:  # a folder goes with everything in it
+            expected = {path for path in expected if not any(path == r or path.startswith(r + "/") for r in removed)}
     assert files_of(project) == {f.replace("PKG", package) for f in expected}
     texts = {path: path.read_text() for path in project.rglob("*") if path.is_file()}
     for path, text in texts.items():
@@ -268,7 +145,7 @@ def test_git_init_commits_every_generated_file_and_ignores_runs(tmp_path: Path) 
 def test_names_derive_from_the_project_name(tmp_path: Path) -> None:
     project = bake(tmp_path, {"project_name": "Vision Net-2"})
     assert project.name == "vision_net_2"
-    assert (project / "vision_net_2" / "trainer.py").is_file()
+    assert (project / "vision_net_2" / "engine" / "trainer.py").is_file()
     assert "from vision_net_2.train import main" in (project / "train.py").read_text()
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +27,11 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from {{cookiecutter.package_name}}.components import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, FSDPConfig  # noqa: E402
-from {{cookiecutter.package_name}}.distributed import distributed, wrap_ddp  # noqa: E402
-from {{cookiecutter.package_name}}.fsdp import per_rank_bytes, shard_model  # noqa: E402
+from {{cookiecutter.package_name}}.engine.components import build_model  # noqa: E402
+from {{cookiecutter.package_name}}.engine.distributed import distributed  # noqa: E402
+from {{cookiecutter.package_name}}.engine.strategies import strategy_class  # noqa: E402
+from {{cookiecutter.package_name}}.engine.strategies.fsdp import per_rank_bytes  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRAIN = OmegaConf.load(CONFIGS / "train.yaml")
@@ -42,9 +44,11 @@ def measure(strategy: str, args: argparse.Namespace, env) -> dict:
     torch.manual_seed(0)
     node = {**OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "gpt.yaml")), "block_size": args.block,
             "width": args.width, "layers": args.layers}  # fmt: skip
-    model = build_model(node).to(env.device)
-    trained = shard_model(model, FSDP, "fp32", env.world_size) if strategy == "fsdp" else wrap_ddp(model, DDP, env)
+    config = SimpleNamespace(ddp=DDP, fsdp=FSDP, trainer=SimpleNamespace(precision="fp32"))
+    spread = strategy_class(strategy)(config, env)
+    model = spread.prepare(build_model(node).to(env.device))  # the project's own ddp and fsdp
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trained = spread.wrap(model, optimizer)
     tokens = torch.randint(0, 256, (args.batch, args.block + 1), device=env.device)
 
     def step() -> None:

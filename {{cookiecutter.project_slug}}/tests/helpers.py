@@ -1,6 +1,7 @@
-"""What the tests share: the real config composed, real jobs started (torchrun, the launch scripts)
-and read back, small data sets written to disk. Test modules import from here, never from
-each other."""
+"""What the unit tests share, in-process: the real config composed, a function run on several ranks,
+small data sets written to disk, and what the tests of neighbouring modules both build (a trainer, a
+checkpoint writer, a launch plan). Test modules import from here, never from each other; the e2e
+tests' job helpers (torchrun, the launch scripts, reading a run back) are in e2e/jobs.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import json
 import multiprocessing
 import os
 import pickle
-import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,12 +24,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from {{cookiecutter.package_name}}.checkpoint import list_checkpoints, load_checkpoint
-from {{cookiecutter.package_name}}.config import register_configs
-from {{cookiecutter.package_name}}.distributed import DistEnv
-from {{cookiecutter.package_name}}.launch import worker_environment
-from {{cookiecutter.package_name}}.rundir import register_resolvers
-from {{cookiecutter.package_name}}.sharded_checkpoint import read_whole
+from {{cookiecutter.package_name}}.config import CheckpointConfig, register_configs, to_train_config
+from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
+from {{cookiecutter.package_name}}.engine.trainer import Trainer
+from {{cookiecutter.package_name}}.launch.keys import parse_args
+from {{cookiecutter.package_name}}.launch.plan import plan, worker_environment
+from {{cookiecutter.package_name}}.placement import DistEnv
+from {{cookiecutter.package_name}}.run_dir import CONTROL_DIR_ENV, FINISHED_MARKER, register_resolvers
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -68,6 +69,18 @@ def cpu_env(rank: int, world_size: int) -> DistEnv:
     return DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
 
 
+def check_launch_for(overrides: list[str], run_dir: Path | None = None, nproc: int = 1, gpus: int = 0):  # noqa: ANN201
+    """What a worker checks as it starts (engine/checks.py), for a job of `nproc` processes on a node
+    with `gpus` GPUs; the model it built."""
+    from {{cookiecutter.package_name}}.config import to_train_config
+    from {{cookiecutter.package_name}}.engine.checks import check_launch
+    from {{cookiecutter.package_name}}.placement import choose_backend
+
+    config = to_train_config(compose_config(overrides))
+    choice = choose_backend(config.dist.backend, gpus, nproc, mpi_available=False)
+    return check_launch(config, run_dir, DistEnv(0, 0, nproc, nproc, choice.backend, torch.device("cpu")), choice)
+
+
 def on_ranks(world_size: int, function: Callable[..., object], *args: object, timeout: float = 120) -> list:
     """`function(env, *args)` on `world_size` processes joined by a real gloo group, as a torchrun
     job's workers are, with no port (a FileStore in a temporary file). `function` must be importable
@@ -75,7 +88,7 @@ def on_ranks(world_size: int, function: Callable[..., object], *args: object, ti
     and the package once per test session, so a call costs no interpreter start-up. Each rank's
     return value, in rank order; a rank's exception fails the test with its traceback."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "{{cookiecutter.package_name}}.trainer", "tests.helpers"])
+    context.set_forkserver_preload(["torch", "{{cookiecutter.package_name}}.engine.trainer", "tests.helpers"])
     results = context.SimpleQueue()
     store_fd, store_file = tempfile.mkstemp(prefix="store_")
     os.close(store_fd)
@@ -172,7 +185,17 @@ def write_cifar(root: Path, per_file: int) -> None:
             pickle.dump(batch, file)
 
 
-# --- jobs in subprocesses: torchrun, the launch scripts
+# --- a port for a server of a test's own
+
+
+def free_port() -> int:
+    """A port the OS reports free now (tests never use fixed ports)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# --- a command run to its end (the jobs themselves, started and watched: e2e/jobs.py)
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -197,134 +220,64 @@ def run(
     return proc
 
 
-def torchrun_command(script: str, nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
-    """`torchrun --standalone` (a free port, never a fixed one) with nproc CPU processes."""
-    return [
-        PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        f"--max-restarts={max_restarts}", str(PROJECT_DIR / script), *args,
-    ]  # fmt: skip
+# --- a trainer in this process, a world of one with no process group (engine/test_trainer.py,
+# engine/checkpoint/test_manager.py, engine/strategies/test_ddp.py)
+
+CPU = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, backend="gloo", device=torch.device("cpu"))
+TINY = [*SMALL, "data.train_size=96", "data.val_size=16"]
 
 
-def torchrun(script: str, nproc: int, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
-    return run(torchrun_command(script, nproc, *args), **kwargs)
+def trainer(run_dir: Path, *overrides: str) -> Trainer:
+    return build_trainer(to_train_config(compose_config([*TINY, *overrides])), CPU, run_dir)
 
 
-def project_copy(destination: Path) -> Path:
-    """A copy of the project (without run dirs and caches) that a test may add files to."""
-    ignored = shutil.ignore_patterns("outputs", ".git", "__pycache__", ".pytest_cache")
-    shutil.copytree(PROJECT_DIR, destination, ignore=ignored)
-    return destination
+def assert_same(a: object, b: object, where: str = "state") -> None:
+    """Equal nested states: tensors bit for bit, everything else by ==."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: {sorted(a)} != {sorted(b)}"
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{index}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+# --- the checkpoint writer alone (engine/checkpoint/test_files.py, test_writer.py)
 
 
-def last_line(text: str) -> str:
-    return text.strip().splitlines()[-1]
+def checkpointer(folder: Path, keep_last: int, resume: str = "auto") -> Checkpointer:
+    config = CheckpointConfig(every_n_steps=1, keep_last=keep_last, resume=resume, allow_changes=[])
+    return Checkpointer(folder, config, is_writer=True)
 
 
-# --- one training job through scripts/run_single.sh, watched and interrupted from outside
+# --- the launcher in this process (launch/test_*.py)
 
 
-def start(
-    run_dir: Path, nproc: int, *overrides: str, max_restarts: int = 3, cwd: Path = PROJECT_DIR
-) -> subprocess.Popen[str]:
-    """The launch script, as users start a job, in a session of its own (so the test can signal
-    it like a scheduler would): the workers get the environment users' workers get."""
-    keys = [f"NPROC_PER_NODE={nproc}", f"MAX_RESTARTS={max_restarts}", f"RUN_DIR={run_dir}"]
-    cmd = ["bash", "scripts/run_single.sh", *keys, *overrides]
-    return subprocess.Popen(
-        cmd, cwd=cwd, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+def planned(mode: str, *argv: str, environ: dict[str, str] | None = None, cluster: dict[str, str] | None = None):
+    args = parse_args(list(argv), mode)
+    return plan(mode, args, {"CUDA_VISIBLE_DEVICES": "", **(environ or {})}, cluster or {})
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:
-    """The exit code and the whole output of a job started by start()."""
-    output, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, output
+SWEEP_JOB = ["task=classification", "data=synthetic", "model=small_cnn", "data.train_size=64", "data.val_size=16"]
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
+def quick_jobs(calls: list[list[str]], code: int = 0):
+    """torchrun's stand-in for sweeps: a point's job ends at once, leaving what a finished one leaves (its final
+    validation, val_loss = its learning rate; the finished marker), or exiting `code`."""
 
+    def torchrun(launch, module, arguments, forwarder, failed=None) -> int:
+        run_dir = Path(arguments[0].split("=", 1)[1].strip("'"))
+        calls.append(arguments[1:])
+        lr = float(next((item.split("=")[1] for item in arguments if item.startswith("optim.lr=")), "0.1"))
+        record = {"kind": "val", "step": 2, "epoch": 0, "val_loss": lr, "val_acc": 0.5, "val_samples": 16}
+        (run_dir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        if code == 0:
+            (Path(launch.env[CONTROL_DIR_ENV]) / FINISHED_MARKER).write_text("2\n")
+        return code
 
-def steps_saved(run_dir: Path) -> list[int]:
-    return sorted(int(p.stem.split("_")[1]) for p in list_checkpoints(run_dir / "checkpoints"))
-
-
-def worker_pid(run_dir: Path, rank: int) -> int:
-    """The pid of the newest process of `rank` (each log line carries it)."""
-    text = (run_dir / "logs" / f"rank_{rank}.log").read_text()
-    return int(re.findall(r"pid=(\d+)\]", text)[-1])
-
-
-def checkpoint_of(run_dir: Path, step: int) -> Path:
-    """The run's checkpoint of `step`: step_<N>.pt (ddp) or the folder step_<N>/ (fsdp)."""
-    file = run_dir / "checkpoints" / f"step_{step:08d}.pt"
-    return file if file.exists() else file.with_suffix("")
-
-
-def read_checkpoint(path: Path) -> dict:
-    """A checkpoint as one dict of whole tensors: a ddp file as saved; a folder of shards (fsdp)
-    read whole, its optimizer state keyed by parameter name."""
-    payload = load_checkpoint(path)
-    if path.is_dir():
-        payload = {**payload, **read_whole(path)}
-    return payload
-
-
-def assert_bit_identical(run_a: Path, run_b: Path, step: int) -> None:
-    """The two runs' checkpoints of `step` hold the same model, optimizer state and position."""
-    a, b = read_checkpoint(checkpoint_of(run_a, step)), read_checkpoint(checkpoint_of(run_b, step))
-    assert a["model"].keys() == b["model"].keys()
-    for key, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][key]), f"model tensor {key} differs"
-    for index, state in a["optimizer"]["state"].items():
-        for key, tensor in state.items():
-            assert torch.equal(tensor, b["optimizer"]["state"][index][key]), f"optimizer state {index}.{key} differs"
-    assert (a["epoch"], a["step"], a["samples_in_epoch"]) == (b["epoch"], b["step"], b["samples_in_epoch"])
-
-
-def samples_per_epoch(run_dir: Path) -> dict[int, list[int]]:
-    """The sample indices each epoch trained on, over every rank (trainer.record_samples=true)."""
-    seen: dict[int, list[int]] = {}
-    for path in (run_dir / "logs").glob("samples_rank_*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            seen.setdefault(record["epoch"], []).extend(record["indices"])
-    return seen
-
-
-# --- several nodes, played by several run_multi.sh processes on this machine
-
-
-def free_port() -> int:
-    """A port the OS reports free now (tests never use fixed ports)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def node(rank: int, port: int, *args: str, project: Path = PROJECT_DIR, script: str = "run_multi.sh"):
-    """One node: a launch script in a session of its own, output captured."""
-    cmd = ["bash", str(project / "scripts" / script), f"NODE_RANK={rank}", "MASTER_ADDR=127.0.0.1",
-           f"MASTER_PORT={port}", "NPROC_PER_NODE=1", *args]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=project, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-
-
-def finish_nodes(*procs: subprocess.Popen[str], timeout: float = 240) -> list[str]:
-    """Each node's output, once every node exited 0."""
-    outputs = []
-    for proc in procs:
-        output, _ = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, output[-4000:]
-        outputs.append(output)
-    return outputs
+    return torchrun

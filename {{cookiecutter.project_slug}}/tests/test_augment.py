@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.augment import CROP_PADDING, augment, augment_batch
-from {{cookiecutter.package_name}}.randomness import as_int64, sample_seed, sample_seeds
+from {{cookiecutter.package_name}}.randomness import as_int64, sample_seed
 
 INDICES = [*range(200), 1000, 2**31 + 5, 49999, 123456789, 2**40 + 3]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -21,11 +21,6 @@ def reference(image: torch.Tensor, seed: int, epoch: int, index: int) -> torch.T
     padded[..., 4 : 4 + height, 4 : 4 + width] = image
     crop = padded[..., dy : dy + height, dx : dx + width]
     return crop.flip(-1) if flip else crop
-
-
-def test_sample_seeds_are_sample_seed_of_each_index() -> None:
-    indices = torch.tensor(INDICES)
-    assert sample_seeds(11, 5, indices).tolist() == [as_int64(sample_seed(11, 5, i)) for i in INDICES]
 
 
 @pytest.mark.parametrize(("seed", "epoch"), [(11, 5), (0, 0), (2**40 + 7, 123)])

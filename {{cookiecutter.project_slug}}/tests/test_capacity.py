@@ -19,9 +19,8 @@ def test_processes_that_fit_pass_and_those_that_do_not_are_refused_with_the_most
     assert check_processes_fit(4, GIB // 2, on_gpus=False, available=8 * GIB) is None
     assert check_processes_fit(4, GIB // 2, on_gpus=False, available=None) is None, "unknown: no refusal"
     refusal = check_processes_fit(64, GIB // 2, on_gpus=True, available=21 * GIB)
-    assert refusal == ("NPROC_PER_NODE=64 would need about 32.0 GiB (64 processes of about 0.50 GiB, as this "
-                       "launcher's check of the model and data took) and this machine has 21.0 GiB available: start at "
-                       "most 42 processes")  # fmt: skip
+    assert refusal == ("NPROC_PER_NODE=64 would need about 32.0 GiB (64 processes of about 0.50 GiB, as a worker's "
+                       "start takes) and this machine has 21.0 GiB available: start at most 42 processes")  # fmt: skip
 
 
 def test_more_cpu_processes_than_cores_are_warned_about() -> None:

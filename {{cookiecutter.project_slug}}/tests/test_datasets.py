@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.components import build_datasets
-from {{cookiecutter.package_name}}.config import ConfigError, to_train_config
-from {{cookiecutter.package_name}}.data import build_data
+from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.datasets import stdlib_sources, text
+from {{cookiecutter.package_name}}.engine.components import build_datasets
+from {{cookiecutter.package_name}}.engine.data import build_data
+from {{cookiecutter.package_name}}.errors import ConfigError
 
 from .helpers import compose_config, cpu_env, write_cifar, write_image_tree
 

@@ -7,16 +7,17 @@ import random
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.engine.generators import gather_rank_states, restore_rank_state
 from {{cookiecutter.package_name}}.randomness import (
     as_int64,
     building_sample,
     current_sample,
-    gather_rank_states,
-    restore_rank_state,
     sample_generator,
     sample_seed,
     sample_seeds,
 )
+
+INDICES = [*range(200), 1000, 2**31 + 5, 49999, 123456789, 2**40 + 3]  # as tests/test_augment.py's
 
 
 def test_a_samples_seed_mixes_all_three_parts_and_the_vectorised_draw_agrees() -> None:
@@ -53,3 +54,8 @@ def test_rank_states_come_back_at_the_same_world_size_and_are_seeded_afresh_on_a
     assert torch.equal(torch.rand(2), afresh), "a function of (seed, step, rank)"
     restore_rank_state(saved, seed=0, step=10, rank=0, world_size=2, device=torch.device("cpu"))
     assert not torch.equal(torch.rand(2), afresh), "each rank its own"
+
+
+def test_sample_seeds_are_sample_seed_of_each_index() -> None:
+    indices = torch.tensor(INDICES)
+    assert sample_seeds(11, 5, indices).tolist() == [as_int64(sample_seed(11, 5, i)) for i in INDICES]

@@ -1,11 +1,8 @@
-"""redaction.py: credentials never reach what is written of the config, nor a log line."""
+"""redaction.py: credentials hidden in a text and in a config of any shape (the log lines and the
+console: tests/observe/test_logs.py; what is written of the config: tests/config/test_compose.py)."""
 
 from __future__ import annotations
 
-import logging
-import sys
-
-from {{cookiecutter.package_name}}.logs import RedactingFormatter, RedactingStream
 from {{cookiecutter.package_name}}.redaction import redact, redact_text
 
 
@@ -21,32 +18,3 @@ def test_a_config_keeps_its_shape_with_every_secret_hidden() -> None:
               "data": {"roots": ["s3://a:b@c", "local"]}, "seed": 3}  # fmt: skip
     assert redact(config) == {"log": {"tracking_uri": "http://u:***@h", "tracker_api_key": "***", "token": ""},
                               "data": {"roots": ["s3://a:***@c", "local"]}, "seed": 3}  # fmt: skip
-
-
-def test_log_lines_and_their_tracebacks_are_redacted() -> None:
-    formatter = RedactingFormatter("%(message)s")
-    try:
-        raise ConnectionError("cannot reach http://u:secret@h:1/api")
-    except ConnectionError as error:
-        record = logging.LogRecord("x", logging.WARNING, __file__, 1, "tracker %s: %s", ("http://u:secret@h", "down"),
-                                   (type(error), error, error.__traceback__))  # fmt: skip
-    text = formatter.format(record)
-    assert "secret" not in text and "tracker http://u:***@h: down" in text and "http://u:***@h:1/api" in text
-
-
-def test_what_a_library_prints_itself_is_redacted_too(capsys) -> None:
-    stream = RedactingStream(sys.stdout)
-    stream.write("View run at: http://tester:pw@127.0.0.1:5000/#/runs/1\n")
-    stream.flush()
-    assert capsys.readouterr().out == "View run at: http://tester:***@127.0.0.1:5000/#/runs/1\n"
-    assert stream.isatty() is sys.stdout.isatty() and stream.encoding == sys.stdout.encoding
-
-
-def test_the_config_a_checkpoint_and_the_trackers_get_holds_no_password() -> None:
-    from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
-
-    from .helpers import compose_config
-
-    config = to_train_config(compose_config(["data=cifar10", "data.root=s3://key:hush@bucket/cifar"]))
-    assert to_plain_dict(config)["data"]["root"] == "s3://key:***@bucket/cifar"
-    assert config.data.node["root"] == "s3://key:hush@bucket/cifar", "the job itself uses the real value"

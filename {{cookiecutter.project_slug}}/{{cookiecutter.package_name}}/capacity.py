@@ -1,5 +1,7 @@
-"""Whether this machine can hold the job the launcher is about to start, and what the kernel's
-out-of-memory killer did to it: said in one line, not found out after minutes of swapping."""
+"""Whether this machine can hold a job's processes, and what the kernel's out-of-memory killer did to
+them: said in one line, not found out after minutes of swapping. The launcher asks before torchrun
+with a worker's bare start (WORKER_START_BYTES); each node's first worker asks again as it starts, with
+what building the model and a batch took it (engine/checks.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import resource
 from pathlib import Path
 
 GIB = 2**30
+WORKER_START_BYTES = GIB // 2  # a worker that has imported torch and the project, before its model
 
 
 def cpu_cores() -> int:
@@ -73,15 +76,18 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def check_processes_fit(nproc: int, per_process: int, on_gpus: bool, available: int | None) -> str | None:
+def check_processes_fit(
+    nproc: int, per_process: int, on_gpus: bool, available: int | None, measured: str = "a worker's start takes"
+) -> str | None:
     """None when `nproc` processes of about `per_process` bytes each fit in memory; else the one line that
-    refuses them. More processes than cores on CPUs is only a warning (see `too_many_for_the_cores`)."""
+    refuses them (`measured`: what the estimate is). More processes than cores on CPUs is only a warning
+    (see `too_many_for_the_cores`)."""
     if available is None or nproc * per_process <= available:
         return None
     most = max(1, available // per_process)
     return (
         f"NPROC_PER_NODE={nproc} would need about {nproc * per_process / GIB:.1f} GiB ({nproc} processes of about "
-        f"{per_process / GIB:.2f} GiB, as this launcher's check of the model and data took) and this machine has "
+        f"{per_process / GIB:.2f} GiB, as {measured}) and this machine has "
         f"{available / GIB:.1f} GiB available: start at most {most} processes"
         + ("" if on_gpus else " (on CPUs, the cores are the better limit)")
     )

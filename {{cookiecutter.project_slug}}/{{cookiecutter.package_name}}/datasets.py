@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .config import ConfigError
+from .errors import ConfigError
 from .randomness import current_sample, sample_seed
 
 

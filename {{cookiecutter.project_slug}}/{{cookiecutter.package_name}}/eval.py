@@ -9,7 +9,8 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import config_dir
-from .entry import prepare, run_eval
+from .engine.entry import prepare, run_eval
+from .processes import exit_now
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="eval")
@@ -19,8 +20,10 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    """The process's entry (console script, `python -m`, eval.py beside the package)."""
     prepare(sys.argv)
     evaluate_checkpoint()
+    exit_now(0)  # evaluated and printed: no seconds of interpreter teardown
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""One plain weights file from any checkpoint of a run, sharded (fsdp) or not (ddp):
-`python -m {{ cookiecutter.package_name }}.export CHECKPOINT OUT.pt`, or `{{ cookiecutter.package_name }}-export ...` once installed.
+"""One plain weights file from any checkpoint of a run, sharded (fsdp, hsdp) or not (ddp):
+`python -m <package>.export CHECKPOINT OUT.pt`, or `<package>-export ...` once installed.
 
 OUT holds the unwrapped model's state dict, tensors only: `model.load_state_dict(torch.load(OUT,
 weights_only=True))` puts the trained weights into the model the run's config builds, without
@@ -9,14 +9,13 @@ any of this project's code. One process, no process group: the shards are read w
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from .checkpoint import NotACheckpoint, check_format_version, load_checkpoint, write_atomically
-from .components import build_model
-from .config import ConfigError
-from .distributed import weights_fingerprint
-from .sharded_checkpoint import load_weights
+from .engine.checkpoint.files import NotACheckpoint, load_checkpoint, write_atomically
+from .engine.checkpoint.weights import load_weights
+from .engine.components import build_model
+from .engine.distributed import weights_fingerprint
+from .errors import ConfigError, fail
 
 
 def export(checkpoint: Path, out: Path) -> str:
@@ -27,13 +26,9 @@ def export(checkpoint: Path, out: Path) -> str:
         payload = load_checkpoint(checkpoint)
     except (NotACheckpoint, FileNotFoundError) as error:
         raise ConfigError(f"{error}; give a run's checkpoints/step_<N>.pt or step_<N>/") from None
-    check_format_version(checkpoint, payload)
-    if checkpoint.is_dir():
-        model = build_model(payload["config"]["model"])
-        load_weights(checkpoint, model)
-        weights = model.state_dict()
-    else:
-        weights = payload["model"]
+    model = build_model(payload["config"]["model"])
+    load_weights(checkpoint, model, payload)  # whatever strategy wrote it
+    weights = model.state_dict()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(weights, out)
     return f"weights at step {payload['step']}: sha256 {weights_fingerprint(weights)}"
@@ -41,14 +36,13 @@ def export(checkpoint: Path, out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a run's checkpoints/step_<N>.pt (ddp) or step_<N>/ (fsdp)")
+    parser.add_argument("checkpoint", type=Path, help="a run's checkpoints/step_<N>.pt (ddp) or step_<N>/ (sharded)")
     parser.add_argument("out", type=Path, help="the file to write (must not exist)")
     args = parser.parse_args(argv)
     try:
         line = export(args.checkpoint, args.out)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(error))
     print(f"wrote {args.out}: {line}")
 
 

@@ -1,4 +1,4 @@
-"""Randomness that resumes bit-exactly: per sample from (seed, epoch, index), per rank in checkpoints.
+"""Randomness that resumes bit-exactly: a sample's draws from its key (seed, epoch, index).
 
 - Data: while the loader builds a sample, the sample's key (seed, epoch, index) is known to the
   data set. A random transform inside `with seeded_by_sample():` draws from torch's, Python's
@@ -9,19 +9,15 @@
   of microseconds a sample, so it is done where a data set asks for it, not for every sample.)
   `sample_seeds` is `sample_seed` of many indices at once, on their device (augment.py's draws).
 - Model: dropout and other randomness in the forward draw from each rank's global generators,
-  whose states go into every checkpoint (`rank_states`) and come back on resume at the same world
-  size. On another world size they are seeded afresh from (seed, step, rank): the run continues
-  correctly, with other dropout masks than an uninterrupted run would have drawn.
+  whose states every checkpoint holds (engine/generators.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import random
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Any
 
 import numpy as np
 import torch
@@ -98,46 +94,3 @@ def seeded_by_sample() -> Iterator[None]:
         finally:
             random.setstate(python_state)
             np.random.set_state(numpy_state)
-
-
-def seed_rank(seed: int, step: int, rank: int) -> None:
-    """Fresh generator states for one rank: each rank draws its own dropout masks."""
-    draw = sample_seed(seed, step, -1 - rank)
-    torch.manual_seed(draw & (MASK64 >> 1))
-    random.seed(draw)
-
-
-def rank_state(device: torch.device) -> dict[str, Any]:
-    """This rank's generator states, as tensors and plain values (what a checkpoint may hold)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def load_rank_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def gather_rank_states(device: torch.device) -> list[dict[str, Any]]:
-    """Every rank's generator states, in rank order (a collective: all ranks call it)."""
-    from .distributed import all_gather_bytes
-
-    buffer = io.BytesIO()
-    torch.save(rank_state(device), buffer)
-    return [torch.load(io.BytesIO(data), weights_only=True) for data in all_gather_bytes(buffer.getvalue(), device)]
-
-
-def restore_rank_state(saved: list[dict[str, Any]] | None, seed: int, step: int, rank: int, world_size: int,
-                       device: torch.device) -> bool:  # fmt: skip
-    """This rank's saved generator states when the world size is the one they were saved at
-    (True); otherwise fresh states from (seed, step, rank) (False)."""
-    if saved and len(saved) == world_size:
-        load_rank_state(saved[rank], device)
-        return True
-    seed_rank(seed, step, rank)
-    return False

@@ -15,9 +15,23 @@ Outputs are what the model returns; targets what the data set's items carry afte
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What `task._target_` builds: the two methods above. Any object that has them is a task."""
+
+    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """One loss per sample, shape (batch,)."""
+        ...
+
+    def metrics(self, outputs: Any, targets: Any) -> dict[str, torch.Tensor]:
+        """Per-sample values by name, each of shape (batch,); the first is the validation loss."""
+        ...
 
 
 class Classification:

@@ -8,7 +8,8 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import config_dir
-from .entry import prepare, run_train
+from .engine.entry import prepare, run_train
+from .processes import exit_now
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")
@@ -18,8 +19,10 @@ def train(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    """The process's entry (console script, `python -m`, train.py beside the package)."""
     prepare(sys.argv)  # accepts the legacy --local-rank argument, registers the config schema
     train()
+    exit_now(0)  # trained and written: no seconds of interpreter teardown
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from ..helpers import finish_nodes, free_port, node, run
+from ..helpers import free_port, run
+from .jobs import finish_nodes, node
 
 pytestmark = pytest.mark.slow
 

@@ -10,18 +10,8 @@ import torch.distributed as dist
 
 from {{cookiecutter.package_name}}.models import SmallCNN
 
-from ..helpers import (
-    SMALL,
-    assert_bit_identical,
-    finish,
-    read_metrics,
-    run,
-    start,
-    steps_saved,
-    torchrun,
-    wait_for,
-    worker_pid,
-)
+from ..helpers import SMALL, run
+from .jobs import assert_bit_identical, finish, read_metrics, start, steps_saved, torchrun, wait_for, worker_pid
 
 
 @pytest.mark.slow
@@ -70,7 +60,8 @@ def test_gpus_key_sets_one_process_per_listed_gpu(tmp_path) -> None:
 
 
 # The two below start the launcher only to be refused, several seconds each: in the slow set, as
-# tests/test_distributed.py (the backend) and tests/test_config.py (the hook settings) check them in-process.
+# tests/test_placement.py (the backend) and tests/config/test_schema.py (the hook settings) check them
+# in-process.
 @pytest.mark.slow
 @pytest.mark.skipif(dist.is_mpi_available(), reason="this torch has MPI: the backend is accepted")
 def test_mpi_is_refused_with_a_hint_where_torch_lacks_it() -> None:

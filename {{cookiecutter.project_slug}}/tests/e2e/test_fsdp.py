@@ -14,21 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.checkpoint import list_checkpoints, load_checkpoint
-from {{cookiecutter.package_name}}.components import build_model, build_task
 from {{cookiecutter.package_name}}.config import DataConfig
-from {{cookiecutter.package_name}}.data import build_data
-from {{cookiecutter.package_name}}.evaluate import evaluate
+from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints, load_checkpoint
+from {{cookiecutter.package_name}}.engine.components import build_model, build_task
+from {{cookiecutter.package_name}}.engine.data import build_data
+from {{cookiecutter.package_name}}.engine.evaluate import evaluate
 
-from ..helpers import (
-    PYTHON,
+from ..helpers import PYTHON, cpu_env, run
+from .jobs import (
     assert_bit_identical,
     checkpoint_of,
-    cpu_env,
     finish,
     read_checkpoint,
     read_metrics,
-    run,
     samples_per_epoch,
     start,
     steps_saved,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import job_env, project_copy
+from ..helpers import job_env
+from .jobs import project_copy
 
 STALLING_MODEL = '''"""A classifier whose forward sleeps on one rank in one training step: a stalled rank."""
 

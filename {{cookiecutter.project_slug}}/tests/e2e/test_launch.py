@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.launch import Forwarder, LaunchError, lock_run_dir, parse_args, plan, torchrun
+from {{cookiecutter.package_name}}.launch.job import lock_run_dir
+from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
+from {{cookiecutter.package_name}}.launch.plan import plan
+from {{cookiecutter.package_name}}.launch.supervise import Forwarder, torchrun
 
-from ..helpers import PROJECT_DIR, PYTHON, SMALL, last_line, project_copy, read_metrics, run
+from ..helpers import PROJECT_DIR, PYTHON, SMALL, run
+from .jobs import last_line, project_copy, read_metrics
 
 
 # The one quick test of the three scripts themselves: each hands its mode and arguments to the launcher.
@@ -30,11 +34,11 @@ def test_script_errors_are_one_line_without_traceback() -> None:
 # the workers through the launcher's own path, plan() then torchrun(), and nothing in-process sees that.
 def test_gpus_key_gives_one_process_per_gpu_and_reaches_it_as_cuda_visible_devices(monkeypatch, capfd) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what the shell had: GPUS= must win over it
-    monkeypatch.chdir(PROJECT_DIR)  # the probe runs as the module tests.worker_env_probe
+    monkeypatch.chdir(PROJECT_DIR)  # the probe runs as the module tests.e2e.worker_env_probe
     launch = plan("single", parse_args(["GPUS=3"], "single"), dict(os.environ), {})
     forwarder = Forwarder()
     try:
-        code = torchrun(launch, "tests.worker_env_probe", [], forwarder)
+        code = torchrun(launch, "tests.e2e.worker_env_probe", [], forwarder)
     finally:
         forwarder.close()
     output = capfd.readouterr()
@@ -49,11 +53,11 @@ def outputs_snapshot() -> set[Path]:
 
 
 # Several seconds each to start the launcher, which refuses before torchrun: in the slow set, as
-# tests/test_launch.py and tests/test_config.py check the same refusals in-process.
+# tests/launch/ and tests/config/ check the same refusals in-process.
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
-    [  # one of each kind, through the script; test_launch.py checks every case in-process
+    [  # one of each kind, through the script; tests/launch/ checks every case in-process
         (["data=synthetic", "data.batch_size=0"], "data.batch_size must be a whole number >= 1, got 0"),
         (["NPROC_PER_NODE=two"], "NPROC_PER_NODE=two is not a whole number"),
         (["model=vgg11"], "Could not find 'model/vgg11'; choose one of: gpt, resnet18, resnet50, small_cnn"),

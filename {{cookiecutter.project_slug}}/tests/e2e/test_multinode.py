@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -16,46 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import PROJECT_DIR, SMALL, finish_nodes, free_port, job_env, node, read_metrics, run
+from ..helpers import PROJECT_DIR, SMALL, free_port, job_env, run
+from .jobs import fingerprints, finish_nodes, kill_node, node, read_metrics, wait_for_file
 
 JOB = [*SMALL, "trainer.epochs=1", "data.train_size=512", "data.val_size=200"]
 
 
-def fingerprints(run_dir: Path) -> dict[str, str]:
-    """Each rank's last 'weights at step N: sha256 H' line."""
-    found = {}
-    for path in sorted((run_dir / "logs").glob("rank_*.log")):
-        hashes = re.findall(r"weights at step \d+: sha256 (\w+)", path.read_text())
-        if hashes:
-            found[path.stem] = hashes[-1]
-    return found
-
-
-def wait_for_file(path_glob: str, root: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not list(root.glob(path_glob)):
-        assert time.monotonic() < deadline, f"no {path_glob} under {root} after {timeout} s"
-        time.sleep(0.2)
-
-
-def kill_node(proc: subprocess.Popen[str]) -> None:
-    """A node dies: its launcher, torchrun and every worker, at once."""
-    workers = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    agents = [int(pid) for pid in workers]
-    children = []
-    for agent in agents:
-        children += subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True).stdout.split()
-    for pid in [*agents, *map(int, children)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
-
-
 # The three below start the launch script and stop before torchrun, several seconds each: in the slow set,
-# as tests/test_launch.py checks the same refusals in-process (check_rendezvous, the keys).
+# as tests/launch/ checks the same refusals in-process (test_rendezvous.py, test_keys.py).
 @pytest.mark.slow
 def test_bad_input_is_refused_before_torchrun() -> None:
-    # Every case is checked in-process by test_launch.py; here one goes through the script.
+    # Every case is checked in-process by tests/launch/test_keys.py; here one goes through the script.
     proc = run(["bash", "scripts/run_multi.sh", "NODE_RANK=2", "NNODES=2"], expect_ok=False, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "NODE_RANK=2 is outside 0..1 for NNODES=2" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

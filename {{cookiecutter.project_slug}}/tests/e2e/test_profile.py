@@ -31,7 +31,7 @@ def test_a_cpu_run_writes_a_trace_per_rank_of_exactly_the_asked_steps(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(  # the other bad ranges: tests/test_profiling.py, in-process
+@pytest.mark.parametrize(  # the other bad ranges: tests/observe/test_profiling.py, in-process
     ("value", "message"), [("5:3", "trainer.profile_steps=5:3: START is after END")]
 )
 def test_a_bad_profile_range_stops_the_launch_with_one_line(tmp_path: Path, value: str, message: str) -> None:

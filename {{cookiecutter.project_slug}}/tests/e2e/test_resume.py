@@ -15,15 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.checkpoint import list_checkpoints, load_checkpoint
+from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints, load_checkpoint
 
-from ..helpers import (
-    PROJECT_DIR,
-    SMALL,
+from ..helpers import PROJECT_DIR, SMALL, run
+from .jobs import (
     assert_bit_identical,
     finish,
     read_metrics,
-    run,
     samples_per_epoch,
     start,
     steps_saved,
@@ -117,7 +115,7 @@ def test_atomic_write_survives_sigkill_at_random_moments(tmp_path: Path) -> None
     writer = (
         "import sys, torch\n"
         "from pathlib import Path\n"
-        "from {{cookiecutter.package_name}}.checkpoint import write_atomically, checkpoint_name\n"
+        "from {{cookiecutter.package_name}}.engine.checkpoint.files import write_atomically, checkpoint_name\n"
         "state = {'model': {'w': torch.randn(4_000_000)}, 'step': 0}\n"
         "for step in range(1, 10_000):\n"
         "    state['step'] = step\n"

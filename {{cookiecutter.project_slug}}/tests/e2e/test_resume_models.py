@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
+from .jobs import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""scripts/slurm.sbatch on a real, private one-node Slurm (tests/local_slurm.py)."""
+"""scripts/slurm.sbatch on a real, private one-node Slurm (tests/e2e/local_slurm.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import PROJECT_DIR, SMALL, job_env, read_metrics
-from ..local_slurm import local_slurm, slurm_unavailable_reason, wait_for_job
+from ..helpers import PROJECT_DIR, SMALL, job_env
+from .jobs import read_metrics
+from .local_slurm import local_slurm, slurm_unavailable_reason, wait_for_job
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +72,7 @@ def test_sigterm_checkpoints_and_the_job_requeues_and_resumes(slurm, tmp_path) -
             time.sleep(0.5)
         # What Slurm does before the time limit (--signal=TERM@120): SIGTERM to the job's steps.
         subprocess.run(["scancel", "--signal=TERM", job_id], env=slurm, check=True)
-        # The requeued job starts again by itself after the cluster's cred_expire (5 s in tests/local_slurm.py).
+        # The requeued job starts again by itself after the cluster's cred_expire (5 s in tests/e2e/local_slurm.py).
         deadline = time.monotonic() + 240
         while "final: val_loss=" not in (log := output.read_text()):
             assert time.monotonic() < deadline, log[-3000:] + diagnose(job_id, slurm)

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..helpers import (
-    SMALL,
+from ..helpers import SMALL, run
+from .jobs import (
     assert_bit_identical,
     finish,
     last_line,
     read_metrics,
-    run,
     start,
     steps_saved,
     torchrun,
@@ -30,7 +29,7 @@ from ..helpers import (
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_accumulated_micro_batches_give_the_big_batch_gradient_with_one_all_reduce(strategy: str) -> None:
-    result = json.loads(last_line(torchrun("tests/accumulation_probe.py", 2, "4", strategy).stdout))
+    result = json.loads(last_line(torchrun("tests/e2e/accumulation_probe.py", 2, "4", strategy).stdout))
     assert result["difference"] <= 1e-5 * result["scale"], result
     one_batch, accumulated = result["calls"]
     # Once per optimizer step, not once per micro-batch: DDP's buckets, FSDP's two sharded Linears.

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import PROJECT_DIR, PYTHON, SMALL, last_line, read_metrics, run, torchrun
+from ..helpers import PROJECT_DIR, PYTHON, SMALL, run
+from .jobs import last_line, read_metrics, torchrun
 
 pytestmark = pytest.mark.slow
 

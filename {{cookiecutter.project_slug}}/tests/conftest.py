@@ -1,0 +1,47 @@
+"""The fixtures tests in any folder may use (a fixture one test file alone needs stays in that file)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from {{cookiecutter.package_name}} import eval as eval_entry
+from {{cookiecutter.package_name}} import train as train_entry
+from {{cookiecutter.package_name}}.run_dir import CONTROL_DIR_ENV
+
+
+@pytest.fixture
+def fresh_logging() -> Iterator[None]:
+    """setup_logging takes the root logger over (as each worker's does): give pytest's back after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+
+
+@pytest.fixture
+def in_process(monkeypatch, fresh_logging) -> Iterator[list[int]]:
+    """Run train.py's or eval.py's main() here: its exit code recorded instead of the process ended;
+    what it takes over for a worker's life (the root logger, sys.stdout, Hydra's global state,
+    LOCAL_RANK) given back."""
+    exits: list[int] = []
+    for module in (train_entry, eval_entry):
+        monkeypatch.setattr(module, "exit_now", exits.append)
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # setup_logging wraps them
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setenv("LOCAL_RANK", "unset")  # so that the undo removes what the entry sets
+    monkeypatch.delenv("LOCAL_RANK")
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", CONTROL_DIR_ENV):
+        monkeypatch.delenv(name, raising=False)
+    yield exits
+    GlobalHydra.instance().clear()

@@ -1,0 +1,31 @@
+"""engine/checkpoint/files.py: what is not a checkpoint of this project is refused in one line, without
+the unsafe advice (the writer that prunes and sets files aside: test_writer.py)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.engine.checkpoint.files import NotACheckpoint, load_checkpoint
+from {{cookiecutter.package_name}}.errors import ConfigError
+
+from ...helpers import checkpointer
+
+
+def test_a_non_checkpoint_is_refused_in_one_line_without_the_unsafe_advice(tmp_path: Path) -> None:
+    pickled = tmp_path / "object.pt"
+    torch.save({"model": {}, "step": 1, "hook": pickle.loads(pickle.dumps(Path("/x")))}, pickled)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    for path in (pickled, text):
+        with pytest.raises(NotACheckpoint) as error:
+            load_checkpoint(path)
+        message = str(error.value)
+        assert "not a checkpoint of this project" in message and "\n" not in message
+        assert "weights_only=False" not in message and "weights_only" not in message
+    resume = checkpointer(tmp_path / "run" / "checkpoints", 3, resume=str(pickled))
+    with pytest.raises(ConfigError, match="checkpoint.resume=.*object.pt holds objects other than tensors"):
+        resume.find_resume_payload()

@@ -1,0 +1,159 @@
+"""engine/checkpoint/writer.py in-process: what is pruned, what is set aside or refused, and that writing
+holds no step up."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.config import CheckpointConfig
+from {{cookiecutter.package_name}}.engine.checkpoint import writer as checkpoint
+from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
+from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
+from {{cookiecutter.package_name}}.errors import ConfigError
+
+from ...helpers import checkpointer
+
+
+def save(checkpoints: Checkpointer, step: int) -> None:
+    checkpoints.save(step, {"step": step, "model": {"w": torch.full((3,), float(step))}})
+    checkpoints.wait()
+
+
+@pytest.mark.parametrize("keep_last", [1, 3])
+def test_unreadable_files_are_set_aside_and_never_push_a_good_checkpoint_out(tmp_path: Path, keep_last: int) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (901, 902, 903):  # newer than anything this run writes, and not checkpoints
+        (folder / f"step_{step:08d}.pt").write_bytes(b"not a checkpoint" * step)
+    checkpoints = checkpointer(folder, keep_last)
+    for step in (1, 2, 3, 4):
+        save(checkpoints, step)
+    kept = sorted(path.name for path in folder.glob("step_*.pt"))
+    assert kept == [f"step_{step:08d}.pt" for step in range(5 - keep_last, 5)]
+    assert sorted(path.name for path in folder.glob("*.unreadable")) == [
+        f"step_{step:08d}.pt.unreadable" for step in (901, 902, 903)
+    ]
+
+
+def test_save_snapshots_the_state_and_writes_it_on_another_thread_without_waiting(tmp_path: Path, monkeypatch) -> None:
+    """Writing a checkpoint must not hold training up: save() copies the state on the training
+    thread and returns at once; another thread writes the copy while the weights move on."""
+    real_write = checkpoint.write_atomically
+    release, written = threading.Event(), threading.Event()
+    writers: list[threading.Thread] = []
+
+    def held_write(payload, path) -> None:
+        writers.append(threading.current_thread())
+        release.wait(timeout=5)  # bounded: a write on the training thread fails the test instead of hanging it
+        real_write(payload, path)
+        written.set()
+
+    monkeypatch.setattr(checkpoint, "write_atomically", held_write)
+    checkpoints = checkpointer(tmp_path / "checkpoints", keep_last=3)
+    weights = torch.zeros(3)
+    assert checkpoints.save(7, {"step": 7, "model": {"w": weights}})
+    returned_before_the_write = not written.is_set()
+    weights += 1  # the next optimizer step, while the checkpoint is being written
+    release.set()
+    checkpoints.wait()
+    assert returned_before_the_write, "save() waited for the write: every checkpointed step stalls training"
+    assert writers and writers[0] is not threading.current_thread(), "written on the training thread"
+    saved = load_checkpoint(tmp_path / "checkpoints" / "step_00000007.pt")
+    assert torch.equal(saved["model"]["w"], torch.zeros(3)), "the weights as they were at save(), not later"
+
+
+def test_a_failed_background_write_stops_the_run_and_keeps_the_previous_checkpoints(tmp_path: Path) -> None:
+    from {{cookiecutter.package_name}}.errors import JobError
+
+    folder = tmp_path / "checkpoints"
+    checkpoints = checkpointer(folder, keep_last=5)
+    save(checkpoints, 1)
+    (folder / "step_00000002.pt").mkdir()  # the name the next write must take is not free: the write fails
+    checkpoints.save(2, {"step": 2, "model": {"w": torch.zeros(3)}})
+    checkpoints._thread.join()  # the failure is in the background; the training thread notices it at its step
+    with pytest.raises(JobError, match=r"writing checkpoint .*step_00000002.pt failed \(IsADirectoryError.*intact"):
+        checkpoints.raise_if_failed()
+    assert load_checkpoint(folder / "step_00000001.pt")["step"] == 1
+    assert not list(folder.glob(".tmp_*")), "no half-written file left"
+
+
+def test_only_the_writer_writes_and_a_step_is_saved_once(tmp_path: Path) -> None:
+    reader = Checkpointer(tmp_path / "r", CheckpointConfig(1, 3, "auto", []), is_writer=False)
+    assert not reader.save(1, {"step": 1, "model": {}}) and not (tmp_path / "r").exists(), "a non-writer writes nothing"
+    writer = checkpointer(tmp_path / "w", keep_last=3)
+    assert writer.save(1, {"step": 1, "model": {}})
+    assert not writer.save(1, {"step": 1, "model": {"changed": torch.ones(1)}}), "the same step again: skipped"
+    writer.wait()
+    assert writer.save(2, {"step": 2, "model": {}})
+    writer.wait()
+    assert load_checkpoint(tmp_path / "w" / "step_00000001.pt")["model"] == {}
+
+
+def fake_sharded(folder: Path, step: int) -> Path:
+    """A folder that passes for a sharded checkpoint (its metadata file and trainer.pt)."""
+    path = folder / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    (path / ".metadata").write_bytes(b"")
+    torch.save({"step": step}, path / "trainer.pt")
+    return path
+
+
+def test_folders_of_shards_are_pruned_and_set_aside_like_files(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        fake_sharded(folder, step)
+    checkpoints = checkpointer(folder, keep_last=2)
+    checkpoints.prune()
+    assert sorted(path.name for path in folder.iterdir()) == ["step_00000002", "step_00000003"]
+    checkpoints.set_aside(folder / "step_00000003")
+    assert sorted(path.name for path in folder.iterdir()) == ["step_00000002", "step_00000003.unreadable"]
+    assert checkpoints.newest_readable()[0] == folder / "step_00000002"
+    reader = Checkpointer(folder, CheckpointConfig(1, 2, "auto", []), is_writer=False)
+    reader.set_aside(folder / "step_00000002")
+    assert (folder / "step_00000002").is_dir(), "only the writer moves files"
+
+
+def test_resume_never_is_refused_where_checkpoints_exist_and_a_weight_mismatch_is_one_line(tmp_path: Path) -> None:
+    from {{cookiecutter.package_name}}.engine.checkpoint.files import restore
+
+    folder = tmp_path / "checkpoints"
+    checkpointer(folder, keep_last=1, resume="never").refuse_to_overwrite()  # nothing there yet
+    save(checkpointer(folder, keep_last=1), 4)
+    with pytest.raises(ConfigError, match=r"checkpoint.resume=never but .* already holds checkpoints \(step_0+4.pt"):
+        checkpointer(folder, keep_last=1, resume="never").refuse_to_overwrite()
+    checkpointer(folder, keep_last=1, resume="auto").refuse_to_overwrite()
+    payload = {"format_version": 1, "step": 4, "model": torch.nn.Linear(3, 2).state_dict()}
+    with pytest.raises(ConfigError) as refused:
+        restore(torch.nn.Linear(4, 2), payload, Path("step_4.pt"))
+    assert str(refused.value).startswith("checkpoint step_4.pt does not fit this model: Error(s) in loading state_dict")
+    assert "\n" not in str(refused.value) and "size mismatch" in str(refused.value)
+
+
+def test_a_write_the_disk_failed_stops_the_job_and_one_a_lost_peer_failed_lets_torchrun_restart(tmp_path) -> None:
+    from {{cookiecutter.package_name}}.engine.checkpoint.writer import is_storage_error
+    from {{cookiecutter.package_name}}.errors import JobError
+
+    full = OSError(28, "No space left on device")
+    peer = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:37027: Connection reset by peer")
+
+    class CheckpointException(Exception):  # torch.distributed.checkpoint's: the ranks' failures, with tracebacks
+        def __init__(self, failures: dict) -> None:
+            super().__init__("failed")
+            self.failures = failures
+
+    assert is_storage_error(full) and is_storage_error(CheckpointException({1: (full, None)}))
+    assert not is_storage_error(peer) and not is_storage_error(CheckpointException({0: (peer, None)}))
+    assert not is_storage_error(ConnectionResetError()), "a socket's OSError is a peer's"
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = full
+    assert is_storage_error(wrapped)
+    checkpoints = checkpointer(tmp_path / "checkpoints", keep_last=2)
+    for error, kind in ((full, JobError), (peer, RuntimeError)):
+        checkpoints._error = error
+        with pytest.raises(kind) as raised:
+            checkpoints.raise_if_failed()
+        assert type(raised.value) is kind and "writing checkpoint" in str(raised.value)

@@ -1,0 +1,92 @@
+"""engine/strategies/hsdp.py: FSDP2 on a 2-D mesh, sharded within a node and replicated across nodes.
+Four real gloo processes play two nodes of two (the launch of two nodes: tests/e2e/test_hsdp.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
+from {{cookiecutter.package_name}}.engine.strategies import build_strategy
+from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.placement import DistEnv
+
+from ...helpers import SMALL, compose_config, on_ranks
+
+# 192 samples, 8 per rank and step, 4 ranks: an epoch of 6 steps, a checkpoint at step 4.
+JOB = [*SMALL, "strategy=hsdp", "model=small_cnn", "data.train_size=192", "data.val_size=16", "data.batch_size=8",
+       "checkpoint.every_n_steps=4"]  # fmt: skip
+
+
+def two_nodes_of_two(env: DistEnv) -> DistEnv:
+    """This rank as a job of two nodes of two processes sees itself (LOCAL_WORLD_SIZE=2)."""
+    return DistEnv(env.rank, env.rank % 2, env.world_size, 2, env.backend, env.device)
+
+
+def train_kill_resume(env: DistEnv, run_dir: Path) -> dict:
+    """An epoch uninterrupted, then a second trainer (a restarted job) that resumes from its step-4
+    checkpoint: the mesh, one weight's local shard and placements, and both ends' weights."""
+    env = two_nodes_of_two(env)
+    config = to_train_config(compose_config(JOB))
+    found: dict = {}
+    for name in ("uninterrupted", "resumed"):
+        trainer = build_trainer(config, env, run_dir)
+        if name == "resumed":
+            found["resumed_from"] = trainer.state.step
+        stop = StopOnSigterm()
+        try:
+            trainer.train_epoch(stop)
+        finally:
+            stop.close()
+        trainer.checkpoints.wait()
+        found[name] = {key: tensor.clone() for key, tensor in trainer.strategy.full_weights().items()}
+        weight = next(p for p in trainer.strategy.model.parameters() if p.dim() > 1 and p.shape[0] % 2 == 0)
+        found["mesh"] = tuple(weight.device_mesh.shape), weight.device_mesh.mesh_dim_names
+        found["placements"] = [type(placement).__name__ for placement in weight.placements]
+        found["local"], found["full"] = weight.to_local().detach().clone(), weight.full_tensor().detach().clone()
+    return found
+
+
+def test_four_ranks_as_two_nodes_shard_within_a_node_replicate_across_and_resume_bit_exactly(tmp_path: Path) -> None:
+    ranks = on_ranks(4, train_kill_resume, tmp_path)
+    first = ranks[0]
+    assert first["mesh"] == ((2, 2), ("replicate", "shard")) and first["placements"] == ["Replicate", "Shard"]
+    assert torch.equal(ranks[0]["local"], ranks[2]["local"]) and torch.equal(ranks[1]["local"], ranks[3]["local"]), (
+        "the nodes are replicas: the same shard on rank r and r + 2"
+    )
+    assert torch.equal(torch.cat([ranks[0]["local"], ranks[1]["local"]]), first["full"]), "a node holds it whole"
+    assert not torch.equal(ranks[0]["local"], ranks[1]["local"])
+    assert first["resumed_from"] == 4 and first["uninterrupted"].keys() == first["resumed"].keys()
+    for key, tensor in first["uninterrupted"].items():
+        assert torch.equal(tensor, first["resumed"][key]), f"{key} after the resume"
+    assert any("running_mean" in key for key in first["resumed"]), "the BatchNorm buffers are in the weights"
+
+
+@pytest.mark.parametrize(
+    ("world", "local", "shard_size", "refused"), [(4, 2, 0, False), (4, 2, 3, True), (6, 3, 2, False)]
+)
+def test_the_shard_size_is_a_nodes_processes_unless_set_and_must_divide_the_world(world, local, shard_size, refused):
+    config = to_train_config(compose_config([*JOB, f"hsdp.shard_size={shard_size}"]))
+    strategy = build_strategy(config, DistEnv(0, 0, world, local, "gloo", torch.device("cpu")))
+    if refused:
+        with pytest.raises(ConfigError, match=rf"^hsdp.shard_size={shard_size} does not divide the {world} ranks"):
+            strategy.check(use_cuda=False)
+        return
+    strategy.check(use_cuda=False)
+    assert strategy.shard_size() == (shard_size or local)
+    assert (
+        strategy.describe_mesh()
+        == f"over {strategy.shard_size()} ranks, replicated {world // strategy.shard_size()} times"
+    )
+
+
+def test_hsdp_options_are_fsdps_and_ddp_options_are_refused_under_it() -> None:
+    with pytest.raises(ConfigError, match="ddp.bucket_cap_mb=1.0 is a DDP option, and strategy=hsdp does not use it"):
+        to_train_config(compose_config([*JOB, "ddp.bucket_cap_mb=1"]))
+    with pytest.raises(ConfigError, match="hsdp.shard_size=2 is a HSDP option, and strategy=fsdp does not use it"):
+        to_train_config(compose_config([*JOB, "strategy=fsdp", "hsdp.shard_size=2"]))
+    to_train_config(compose_config([*JOB, "fsdp.reshard_after_forward=false"]))  # fsdp's section: hsdp's too

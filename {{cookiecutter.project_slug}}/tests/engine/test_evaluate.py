@@ -1,0 +1,75 @@
+"""evaluate.py in this process: exact means over the whole set, from shards that add up at any world size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.data import build_data
+from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
+from {{cookiecutter.package_name}}.tasks import Classification
+
+from ..helpers import compose_config, cpu_env
+
+CPU = torch.device("cpu")
+
+
+def val_loaders(world_size: int, val_size: int = 23) -> list[DataLoader]:
+    """Each rank's evaluation loader (batches of 4: the last one short) over a synthetic set."""
+    overrides = ["data=synthetic", "data.train_size=8", f"data.val_size={val_size}", "data.batch_size=4",
+                 "data.num_workers=0"]  # fmt: skip
+    config = to_train_config(compose_config(overrides))
+    return [build_data(config.data, cpu_env(rank, world_size), seed=0).val_loader for rank in range(world_size)]
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+
+
+def test_the_figures_are_means_over_exactly_every_sample_of_the_set() -> None:
+    (loader,) = val_loaders(1)
+    model = small_model()
+    images, labels = (torch.cat(parts) for parts in list(zip(*loader, strict=False))[:2])
+    with torch.no_grad():
+        logits = model(images)
+    expected_loss = F.cross_entropy(logits, labels, reduction="none").double().mean().item()
+    correct = int((logits.argmax(dim=1) == labels).sum())
+    result = evaluate(model, loader, Classification(), CPU)
+    assert result.samples == 23, "every sample once: no padding, the short last batch counted"
+    assert list(result.metrics) == ["loss", "acc"]
+    assert result.metrics["loss"] == pytest.approx(expected_loss, rel=1e-6)
+    assert result.metrics["acc"] == correct / 23
+    assert model.training, "the model is put back in the mode it was in"
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_the_shards_of_any_world_size_add_up_to_the_one_process_figures(world_size: int) -> None:
+    """What the all-reduce of the sums does across ranks, done here by hand over each rank's shard."""
+    model = small_model()
+    whole = evaluate(model, val_loaders(1)[0], Classification(), CPU)
+    shards = [evaluate(model, loader, Classification(), CPU) for loader in val_loaders(world_size)]
+    assert sum(shard.samples for shard in shards) == whole.samples == 23
+    for name, value in whole.metrics.items():
+        total = sum(shard.metrics[name] * shard.samples for shard in shards)
+        # rel 1e-6, not 0: a sample's float32 loss may differ in its last bits in a batch of another size.
+        assert total / whole.samples == pytest.approx(value, rel=1e-6), name
+
+
+def test_a_rank_without_samples_still_reports_the_metric_names() -> None:
+    """More ranks than samples: an empty shard must still join the all-reduce with the same metrics."""
+    loaders = val_loaders(3, val_size=2)
+    empty = next(loader for loader in loaders if len(loader.dataset) == 0)
+    result = evaluate(small_model(), empty, Classification(), CPU)
+    assert result == EvalResult({"loss": 0.0, "acc": 0.0}, 0)
+
+
+def test_the_result_reads_as_metrics_jsonl_and_the_console_take_it() -> None:
+    result = EvalResult({"loss": 0.5, "acc": 0.25}, 999)
+    assert result.loss == 0.5
+    assert result.record() == {"val_loss": 0.5, "val_acc": 0.25, "val_samples": 999}
+    assert result.line() == "val_loss=0.500000 val_acc=0.250000 val_samples=999"

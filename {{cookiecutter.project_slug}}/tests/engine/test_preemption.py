@@ -1,0 +1,67 @@
+"""preemption.py in this process: SIGTERM and SIGINT become an agreed stop (a world of one, no group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from {{cookiecutter.package_name}}.engine.preemption import STOP_SIGNALS, StopOnSigterm
+from {{cookiecutter.package_name}}.errors import Preempted
+
+
+@pytest.fixture
+def fallback() -> Iterator[list[int]]:
+    """Handlers under StopOnSigterm's that only record: a signal it failed to catch fails the test
+    instead of ending pytest. The signals they saw are yielded."""
+    seen: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: seen.append(signum)) for sig in STOP_SIGNALS}
+    yield seen
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def test_without_a_signal_training_goes_on(fallback: list[int]) -> None:
+    stop = StopOnSigterm()
+    try:
+        assert [stop.should_stop() for _ in range(3)] == [False, False, False]
+        assert stop.agreed == 0
+    finally:
+        stop.close()
+
+
+@pytest.mark.parametrize(
+    ("signals", "name", "exit_code"),
+    [
+        ([signal.SIGTERM], "SIGTERM", 143),  # 128 + 15: what Slurm requeues on
+        ([signal.SIGINT], "SIGINT", 130),  # Ctrl-C
+        ([signal.SIGHUP], "SIGHUP", 129),  # a closed terminal, a dropped ssh connection
+        ([signal.SIGINT, signal.SIGTERM], "SIGINT", 130),  # Ctrl-C, then torchrun's shutdown: the first says why
+    ],
+)
+def test_a_signal_to_this_process_stops_at_the_next_step_under_its_name(
+    fallback: list[int], signals: list[int], name: str, exit_code: int
+) -> None:
+    stop = StopOnSigterm()
+    try:
+        assert not stop.should_stop()
+        for signum in signals:
+            os.kill(os.getpid(), signum)  # Python runs the handler before the next line
+        assert stop.should_stop()
+        assert stop.agreed == signals[0] and stop.signal_name == name
+        assert Preempted(f"stopped by {stop.signal_name}", stop.agreed).exit_code == exit_code
+    finally:
+        stop.close()
+    assert fallback == [], "StopOnSigterm's handler must catch the signal, not the one under it"
+
+
+def test_close_gives_the_signals_back_to_the_handlers_before_it(fallback: list[int]) -> None:
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    stop = StopOnSigterm()
+    assert all(signal.getsignal(sig) is not before[sig] for sig in STOP_SIGNALS)
+    stop.close()
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert fallback == [signal.SIGTERM] and stop.received == 0, "after close a signal is no longer its business"

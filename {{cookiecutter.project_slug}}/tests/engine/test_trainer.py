@@ -1,0 +1,145 @@
+"""engine/trainer.py: the Trainer in this process (a world of one, no process group): its loop's units,
+what reaches the forward, a resume on two ranks, fit() and a stop signal. Its checkpoint state:
+tests/engine/checkpoint/test_manager.py; the DDP wrapping: tests/engine/strategies/test_ddp.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
+from {{cookiecutter.package_name}}.engine.trainer import optimizer_steps
+from {{cookiecutter.package_name}}.placement import DistEnv
+from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER, STOPPED_MARKER
+
+from ..helpers import TINY, assert_same, compose_config, on_ranks, trainer
+
+
+@pytest.mark.parametrize(("accum", "counts", "reals"), [(1, [1] * 4, [24, 24, 24, 8]), (3, [3, 1], [72, 8])])
+def test_optimizer_steps_group_the_micro_batches_of_the_epoch(tmp_path: Path, accum, counts, reals) -> None:
+    sampler = trainer(tmp_path, "data.train_size=80", "data.batch_size=24").data.sampler
+    sampler.set_epoch(0)
+    batches = iter(range(10))  # stands in for the loader: more than the epoch holds
+    steps = list(optimizer_steps(batches, sampler, accum))
+    assert [step.count for step in steps] == counts and [step.real_samples for step in steps] == reals
+    assert next(batches) == 0, "lazy: nothing is read before its step is trained"
+
+
+def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:
+    """The classic forgotten `sampler.set_epoch`: without it every epoch repeats the first's order."""
+    (tmp_path / "logs").mkdir()  # setup_logging makes it in a real run
+    run = trainer(tmp_path, "trainer.record_samples=true", "data.batch_size=8", "data.train_size=64")
+    stop = StopOnSigterm()
+    try:
+        for _ in range(2):
+            run.train_epoch(stop)
+            run.end_epoch()
+    finally:
+        stop.close()
+    records = [json.loads(line) for line in (tmp_path / "logs" / "samples_rank_0.jsonl").read_text().splitlines()]
+    orders = {epoch: [i for r in records if r["epoch"] == epoch for i in r["indices"]] for epoch in (0, 1)}
+    assert sorted(orders[0]) == sorted(orders[1]) == list(range(64)), "every sample once per epoch"
+    assert orders[0] != orders[1]
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", None)])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_precision_and_memory_layout_reach_the_forward(tmp_path: Path, precision, dtype, channels_last) -> None:
+    run = trainer(tmp_path, f"trainer.precision={precision}", f"trainer.channels_last={channels_last}")
+    seen = {}
+
+    def look(module, args) -> None:
+        seen["autocast"] = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        seen["inputs"] = args[0].is_contiguous(memory_format=torch.channels_last)
+
+    run.model.register_forward_pre_hook(look)
+    first = next(iter(run.data.train_loader))
+    run.runner.micro_step(*first[:3], real_samples=len(first[0]), sync=True)
+    conv = next(p for p in run.model.parameters() if p.dim() == 4)
+    assert seen == {"autocast": dtype, "inputs": channels_last}
+    assert conv.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+def test_compile_wraps_the_model_that_trains_and_leaves_the_checkpointed_one_plain(tmp_path: Path) -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    compiled, plain = trainer(tmp_path / "a", "trainer.compile=true"), trainer(tmp_path / "b")
+    assert isinstance(compiled.runner.trained, OptimizedModule)
+    assert compiled.runner.trained._orig_mod is compiled.model
+    assert not isinstance(plain.runner.trained, OptimizedModule)
+    assert not any(key.startswith("_orig_mod.") for key in compiled.state_dict()["model"])
+
+
+def train_stop_resume(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict:
+    """One epoch of 6 steps with a checkpoint at step 4, then a second trainer (a restarted job)
+    that resumes from it and trains steps 5 and 6: both ends, and every rank's buffers after step 6."""
+    config = to_train_config(compose_config([*TINY, "data.train_size=96", "data.batch_size=8",
+                                             "checkpoint.every_n_steps=4", *overrides]))  # fmt: skip
+    ends = {}
+    for name in ("uninterrupted", "resumed"):
+        trained = build_trainer(config, env, run_dir)
+        stop = StopOnSigterm()
+        try:
+            trained.train_epoch(stop)
+        finally:
+            stop.close()
+        trained.checkpoints.wait()
+        ends[name] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}  # rank 0's
+        ends[f"{name}_step"] = trained.state.step
+        ends[f"{name}_buffers"] = {key: buffer.clone() for key, buffer in trained.model.named_buffers()}
+    return ends
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_model_with_buffers_resumes_bit_exactly_on_two_ranks(tmp_path: Path, strategy: str) -> None:
+    """small_cnn's BatchNorm statistics: every rank holds rank 0's after each step (ddp broadcasts them
+    at the next forward, fsdp after the step), and a resume gives every rank rank 0's, not another's."""
+    ranks = on_ranks(2, train_stop_resume, tmp_path, [f"strategy={strategy}", "model=small_cnn"])
+    ends = ranks[0]
+    assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
+    assert_same(ends["resumed"], ends["uninterrupted"], "the resumed run's weights and buffers")
+    if strategy == "fsdp":
+        assert_same(ranks[1]["resumed_buffers"], ends["resumed_buffers"], "rank 1's buffers (rank 0's)")
+
+
+def test_fit_trains_validates_and_checkpoints_every_epoch_then_says_it_has_finished(tmp_path: Path, caplog) -> None:
+    caplog.set_level("INFO")
+    run = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=2", "checkpoint.keep_last=10")
+    result = run.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    validations = [record for record in records if record["kind"] == "val"]
+    assert [(r["epoch"], r["step"]) for r in validations] == [(0, 3), (1, 6)], "one validation per epoch, at its end"
+    assert validations[-1]["val_loss"] == result.loss and result.samples == 16
+    saved = sorted(path.name for path in (tmp_path / "checkpoints").glob("step_*.pt"))
+    assert saved == ["step_00000002.pt", "step_00000003.pt", "step_00000004.pt", "step_00000006.pt"]
+    assert (tmp_path / FINISHED_MARKER).read_text() == "6\n"
+    again = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=2", "checkpoint.keep_last=10")
+    assert again.fit() == result and again.state.step == 6, "nothing trained again, the same evaluation"
+    assert "training had already finished at step 6; evaluating" in caplog.text
+
+
+def test_a_stop_signal_checkpoints_the_step_and_says_which_signal(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from {{cookiecutter.package_name}}.errors import Preempted
+
+    run = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=0")
+    step = run.train_step
+
+    def step_then_signal(*args) -> None:  # SIGTERM arrives during the second step
+        step(*args)
+        if run.state.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    run.train_step = step_then_signal
+    with pytest.raises(Preempted, match="stopped by SIGTERM after step 2; checkpoint saved") as stopped:
+        run.fit()
+    assert stopped.value.exit_code == 143 and (tmp_path / STOPPED_MARKER).read_text() == "15\n"
+    assert [path.name for path in (tmp_path / "checkpoints").glob("step_*.pt")] == ["step_00000002.pt"]
+    assert not (tmp_path / FINISHED_MARKER).exists()

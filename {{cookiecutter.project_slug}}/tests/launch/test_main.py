@@ -1,0 +1,35 @@
+"""launch/main.py in-process: a refused launch exits 2 with one line, before torchrun and without a run
+dir (the launch scripts themselves: tests/e2e/test_launch.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from {{cookiecutter.package_name}}.launch import main as launch_module
+from {{cookiecutter.package_name}}.launch.main import main
+
+
+@pytest.mark.parametrize(("overrides", "message"), [(["dist.backend=nccl"], "dist.backend=nccl needs a GPU"),
+                                                    (["dist.timeout_s=0"], "dist.timeout_s must be > 0")])  # fmt: skip
+def test_the_communication_check_refuses_a_bad_override_before_torchrun(monkeypatch, capsys, overrides, message):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    started = []
+    monkeypatch.setattr(launch_module, "torchrun", lambda *args, **kwargs: started.append(args) or 0)
+    with pytest.raises(SystemExit) as exited:
+        main(["comm", "NPROC_PER_NODE=2", *overrides])
+    assert exited.value.code == 2 and not started
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_a_refused_launch_exits_2_with_one_line_and_leaves_no_run_dir(tmp_path: Path, monkeypatch, capsys) -> None:
+    # The launcher's main() in-process: what the launch scripts' refusals (tests/e2e/) see, without their seconds.
+    monkeypatch.chdir(tmp_path)  # run dirs are made under ./outputs
+    with pytest.raises(SystemExit) as exited:
+        main(["single", "NPROC_PER_NODE=2", "task=classification", "data=synthetic", "data.batch_size=0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: data.batch_size must be a whole number >= 1, got 0\n", err
+    assert not (tmp_path / "outputs").exists(), "a refused launch must not create a run dir"

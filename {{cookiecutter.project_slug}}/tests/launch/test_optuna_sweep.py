@@ -1,0 +1,34 @@
+"""launch/optuna_sweep.py: a sweep whose trials Optuna's sampler asks for, rerun never."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from {{cookiecutter.package_name}}.launch import job as job_module
+from {{cookiecutter.package_name}}.launch.main import main
+
+from ..helpers import SWEEP_JOB, quick_jobs
+
+
+def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.direction=maximize",
+             "optim.lr=tag(log,interval(0.01,0.3))", "optim.momentum=choice(0.8,0.9)"]  # fmt: skip
+    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *SWEEP_JOB]
+    assert main(list(command)) == 0
+    trials = [json.loads((tmp_path / "sweep" / f"00{i}_trial" / "sweep_point.json").read_text()) for i in range(3)]
+    rates = [trial["params"]["optim.lr"] for trial in trials]
+    assert all(0.01 <= rate <= 0.3 for rate in rates) and len(set(rates)) == 3
+    assert {trial["params"]["optim.momentum"] for trial in trials} <= {0.8, 0.9}
+    best = max(range(3), key=lambda i: rates[i])  # val_loss is the rate here, and the direction maximize
+    assert f"best trial: {best} (" in capsys.readouterr().out
+    calls.clear()
+    assert main(list(command)) == 0 and calls == [], "finished trials are told to the study again, not rerun"
+    with pytest.raises(SystemExit) as refused:
+        main(["single", "-m", "hydra/sweeper=optuna", *SWEEP_JOB])
+    assert refused.value.code == 2 and "found no search space" in capsys.readouterr().err

@@ -1,0 +1,59 @@
+"""launch/plan.py: what torchrun is given and what the workers' environment holds (threads, MKL,
+loopback, DEBUG=1's switches)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
+from {{cookiecutter.package_name}}.launch.plan import debug_dir_environment, plan, worker_environment
+from {{cookiecutter.package_name}}.observe.hangs import DEBUG_DIR_ENV, debug_dir
+from {{cookiecutter.package_name}}.run_dir import STORE_ADDRESS_ENV
+
+from ..helpers import planned
+
+
+def test_torchrun_flags_after_the_separator_reach_torchrun() -> None:
+    launch = planned("single", "NPROC_PER_NODE=2", "--", "--log-dir=/tmp/x", "--local-ranks-filter=0")
+    assert launch.torchrun_args == ["--standalone", "--nproc-per-node=2", "--max-restarts=3", "--log-dir=/tmp/x",
+                                    "--local-ranks-filter=0"]  # fmt: skip
+
+
+def test_workers_get_one_thread_exact_mkl_and_a_shutdown_grace_for_the_checkpoint() -> None:
+    launch = planned("single", "SHUTDOWN_TIMEOUT_S=115")
+    assert launch.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "115"
+    assert worker_environment({}) == {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AUTO,STRICT"}
+    assert worker_environment({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, "AUTO,STRICT"), ("COMPATIBLE", "COMPATIBLE")])
+def test_launches_give_workers_alignment_independent_mkl_results(preset: str | None, expected: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "MKL_CBWR"}
+    if preset:
+        env["MKL_CBWR"] = preset  # the user's own choice wins
+    assert worker_environment(env)["MKL_CBWR"] == expected
+
+
+def test_a_job_on_one_node_listens_on_loopback_only() -> None:
+    single = planned("single", "NPROC_PER_NODE=2")
+    assert single.env[STORE_ADDRESS_ENV] == "127.0.0.1" and single.env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert planned("single", environ={"GLOO_SOCKET_IFNAME": "eth1"}).env["GLOO_SOCKET_IFNAME"] == "eth1", "the user's"
+    multi = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "LOCAL_ADDR=127.0.0.1")
+    assert multi.env[STORE_ADDRESS_ENV] == "127.0.0.1", "many nodes: the node's own address, when given"
+    assert STORE_ADDRESS_ENV not in planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1").env
+
+
+def test_debug_1_gives_the_workers_the_switches_and_leaves_the_users_own(monkeypatch, tmp_path: Path) -> None:
+    launch = plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {"NCCL_DEBUG": "TRACE"}, {})
+    assert launch.env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and launch.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert launch.env["NCCL_DEBUG"] == "TRACE", "a value the user set wins"
+    assert "TORCH_DISTRIBUTED_DEBUG" not in plan("single", parse_args(["NPROC_PER_NODE=1"], "single"), {}, {}).env
+    with pytest.raises(LaunchError, match="DEBUG=yes: give DEBUG=1"):
+        plan("single", parse_args(["DEBUG=yes", "NPROC_PER_NODE=1"], "single"), {}, {})
+    files = debug_dir_environment(tmp_path / "debug", {})  # known once the run dir is: in train()
+    assert files["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{tmp_path}/debug/nccl_trace_rank_"
+    monkeypatch.setenv(DEBUG_DIR_ENV, files[DEBUG_DIR_ENV])
+    assert debug_dir() == tmp_path / "debug"

@@ -1,0 +1,74 @@
+"""launch/sweep.py: a sweep's points, each trained once in its own run dir and tabulated; a stop signal
+stops the sweep at its point (torchrun stood in for: tests/helpers.py's quick_jobs)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from {{cookiecutter.package_name}}.launch import job as job_module
+from {{cookiecutter.package_name}}.launch.main import main
+from {{cookiecutter.package_name}}.launch.supervise import Forwarder
+from {{cookiecutter.package_name}}.launch.sweep import results_table, sweep_points
+
+from ..helpers import SWEEP_JOB, quick_jobs
+
+
+def test_sweep_points_are_the_product_of_the_lists() -> None:
+    points = sweep_points(["optim.lr=0.1,0.05", "model=small_cnn,resnet18", "trainer.epochs=1"])
+    assert points == [
+        ["optim.lr=0.1", "model=small_cnn", "trainer.epochs=1"],
+        ["optim.lr=0.1", "model=resnet18", "trainer.epochs=1"],
+        ["optim.lr=0.05", "model=small_cnn", "trainer.epochs=1"],
+        ["optim.lr=0.05", "model=resnet18", "trainer.epochs=1"],
+    ]
+    table = results_table([{"point": 0, "overrides": ["optim.lr=0.1"], "status": "done", "reason": "",
+                            "final": {"val_loss": 0.5, "val_acc": 0.9, "val_samples": 10}}])  # fmt: skip
+    assert table.splitlines()[0] == "| point | overrides | status | val_loss | val_acc | val_samples |"
+    assert table.splitlines()[2] == "| 0 | optim.lr=0.1 | done | 0.5 | 0.9 | 10 |"
+
+
+def test_a_sweep_runs_each_point_once_in_its_own_run_dir_and_tabulates_them(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    sweep_dir = tmp_path / "sweep"
+    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", "optim.lr=0.1,-1,0.05", *SWEEP_JOB]
+    assert main(list(command)) == 1, "a failed point makes the sweep's exit code 1"
+    assert calls == [["optim.lr=0.1", *SWEEP_JOB], ["optim.lr=0.05", *SWEEP_JOB]], "the refused point never started"
+    points = sorted(path.name for path in sweep_dir.iterdir() if path.is_dir())
+    assert points == ["000_optim.lr=0.1", "001_optim.lr=-1", "002_optim.lr=0.05"]
+    status = [json.loads((sweep_dir / name / "sweep_point.json").read_text()) for name in points]
+    assert [row["status"] for row in status] == ["done", "failed", "done"]
+    assert status[1]["reason"].startswith("optim.lr must be a number > 0") and status[0]["final"]["val_loss"] == 0.1
+    table = (sweep_dir / "results.md").read_text().splitlines()
+    assert table[0] == "| point | overrides | status | val_loss | val_acc | val_samples |"
+    assert table[2:] == ["| 0 | optim.lr=0.1 | done | 0.1 | 0.5 | 16 |",
+                         "| 1 | optim.lr=-1 | failed (optim.lr must be a number > 0, got -1) |  |  |  |",
+                         "| 2 | optim.lr=0.05 | done | 0.05 | 0.5 | 16 |"]  # fmt: skip
+    capsys.readouterr()
+    calls.clear()
+    assert main(list(command)) == 1
+    assert calls == [], "the points that finished are not trained again (and the refused one is refused again)"
+    assert capsys.readouterr().out.count("done before, not trained again") == 2
+
+
+def test_a_sweep_stops_at_the_point_a_signal_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls, code=128 + signal.SIGTERM))
+    monkeypatch.setattr(Forwarder, "stopped_before_start", lambda self: None)
+    original = Forwarder.__init__
+
+    def signalled(self) -> None:  # the stop signal came during the first point's job
+        original(self)
+        self.signal = signal.SIGTERM
+
+    monkeypatch.setattr(Forwarder, "__init__", signalled)
+    sweep_dir = tmp_path / "sweep"
+    code = main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", "optim.lr=0.1,0.05", *SWEEP_JOB])
+    assert code == 143 and len(calls) == 1, "the second point never starts"
+    assert f"sweep stopped by a signal: launch again with SWEEP_DIR={sweep_dir} to continue" in capsys.readouterr().out
+    assert json.loads((sweep_dir / "000_optim.lr=0.1" / "sweep_point.json").read_text())["status"] == "stopped"
+    assert not (sweep_dir / "results.md").exists()

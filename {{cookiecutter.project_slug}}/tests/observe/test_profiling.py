@@ -1,0 +1,83 @@
+"""profiling.py in this process: which steps a trace holds (numbered as metrics.jsonl numbers them,
+across resumes), the trace as a Chrome trace file, and trainer.profile_steps' checks. A run under
+torchrun, one trace per rank: tests/e2e/test_profile.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.observe.profiling import NoProfiler, StepProfiler, build_profiler
+
+from ..helpers import compose_config, cpu_env
+
+
+def run_steps(profiler: StepProfiler, numbers: range) -> None:
+    """A loop as the trainer's: step(N) at the start of step N, then some work, then close()."""
+    weights = torch.randn(64, 64)
+    for number in numbers:
+        profiler.step(number)
+        for _ in range(3):
+            weights = torch.tanh(weights @ weights)
+    profiler.close()
+
+
+def traced_steps(folder: Path, rank: int = 0) -> list[int]:
+    """The steps (ProfilerStep#N spans) of the one trace this rank wrote into `folder`."""
+    traces = sorted(folder.glob(f"rank_{rank}.*.pt.trace.json"))
+    assert len(traces) == 1, traces
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    return sorted({int(m.group(1)) for e in events if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")))})
+
+
+def test_exactly_the_steps_asked_for_are_in_the_trace(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    run_steps(StepProfiler(3, 5, tmp_path, rank=0, device=torch.device("cpu")), range(1, 10))
+    assert traced_steps(tmp_path) == [3, 4, 5]
+    assert "profile of steps 3-5" in caplog.text and "aten::tanh" in caplog.text  # the top operators
+
+
+def test_a_resumed_run_traces_the_rest_of_the_range_under_the_same_numbers(tmp_path: Path) -> None:
+    run_steps(StepProfiler(3, 6, tmp_path, rank=1, device=torch.device("cpu")), range(5, 9))  # resumed at step 4
+    assert traced_steps(tmp_path, rank=1) == [5, 6]
+
+
+def test_a_run_that_ends_inside_the_range_keeps_what_it_recorded(tmp_path: Path) -> None:
+    run_steps(StepProfiler(2, 50, tmp_path, rank=0, device=torch.device("cpu")), range(1, 5))
+    assert traced_steps(tmp_path) == [2, 3, 4]
+
+
+def test_a_run_resumed_past_the_range_writes_nothing(tmp_path: Path) -> None:
+    run_steps(StepProfiler(2, 3, tmp_path, rank=0, device=torch.device("cpu")), range(7, 9))
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_profile_steps_off_is_a_no_op_object(tmp_path: Path) -> None:
+    config = to_train_config(compose_config())
+    assert config.trainer.profile_steps == ""
+    assert isinstance(build_profiler(config.trainer, tmp_path, cpu_env(0, 1)), NoProfiler)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.profile_steps=5:3"],
+            "trainer.profile_steps=5:3: START is after END; give START <= END, e.g. trainer.profile_steps=3:5",
+        ),
+        (["trainer.profile_steps=abc"], "trainer.profile_steps='abc' is not START:END, steps numbered from 1"),
+        (["trainer.profile_steps=0:4"], "trainer.profile_steps='0:4' is not START:END, steps numbered from 1"),
+        (["trainer.profile_steps=7"], "trainer.profile_steps='7' is not START:END"),
+        (["trainer.memory_snapshot=true"], "trainer.memory_snapshot=true records the steps of trainer.profile_steps"),
+    ],
+)
+def test_bad_profile_settings_are_one_line_config_errors(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        to_train_config(compose_config(overrides))
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value)

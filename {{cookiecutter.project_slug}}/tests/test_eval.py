@@ -1,0 +1,91 @@
+"""eval.py in the package: a checkpoint evaluated exactly, in this process; its mistakes in one line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from {{cookiecutter.package_name}} import eval as entry
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine import entry as entry_module
+from {{cookiecutter.package_name}}.engine.build import build_trainer
+
+from .helpers import compose_config, cpu_env
+
+# @record wants a real stderr for faulthandler; under capsys it has none, which changes nothing here.
+pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
+
+TINY = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=48", "data.val_size=16",
+        "data.batch_size=16", "data.image_size=8", "trainer.epochs=1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, str]:
+    """A tiny training's checkpoint and the figures of its last validation."""
+    run_dir = tmp_path_factory.mktemp("run")
+    result = build_trainer(to_train_config(compose_config(TINY)), cpu_env(0, 1), run_dir).fit()
+    return run_dir / "checkpoints" / "step_00000003.pt", result.line()
+
+
+def evaluate(monkeypatch, capsys, *args: str) -> str:
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["eval.py", *args])
+    entry.main()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("legacy", [[], ["--local-rank=0"], ["--local_rank", "0"]])
+def test_a_checkpoint_evaluates_to_the_figures_of_the_trainers_last_validation(
+    in_process, trained, monkeypatch, capsys, legacy: list[str]
+) -> None:
+    checkpoint, figures = trained
+    out = evaluate(monkeypatch, capsys, f"ckpt_path={checkpoint}", *legacy)
+    assert out == figures + "\n" and figures.endswith(" val_samples=16")
+    assert in_process == [0]
+
+
+def figures_of(line: str) -> dict[str, float]:
+    return {name: float(value) for name, value in (item.split("=") for item in line.split())}
+
+
+def test_another_batch_size_given_evaluates_to_the_same_figures(in_process, trained, monkeypatch, capsys) -> None:
+    checkpoint, figures = trained
+    batch_sizes = []
+    real_build_data = entry_module.build_data
+
+    def build_data(config, env, seed):  # noqa: ANN001, ANN202
+        batch_sizes.append(config.batch_size)
+        return real_build_data(config, env, seed)
+
+    monkeypatch.setattr(entry_module, "build_data", build_data)
+    out = evaluate(monkeypatch, capsys, f"ckpt_path={checkpoint}", "data.batch_size=5")
+    assert batch_sizes == [5], "the batch size given wins over the checkpoint's 16"
+    got, expected = figures_of(out), figures_of(figures)
+    assert got.keys() == expected.keys() and got["val_samples"] == 16 and got["val_acc"] == expected["val_acc"]
+    # A sample's float32 loss may differ in its last bits in a batch of another size.
+    assert got["val_loss"] == pytest.approx(expected["val_loss"], abs=2e-6)
+
+
+def test_a_data_setting_given_wins_over_the_checkpoints(in_process, trained, monkeypatch, capsys) -> None:
+    checkpoint, _ = trained
+    out = evaluate(monkeypatch, capsys, f"ckpt_path={checkpoint}", "data.val_size=5")
+    assert out.endswith(" val_samples=5\n"), out
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"), [("missing", "no such file"), ("notes", "not a checkpoint of this project")]
+)
+def test_a_path_that_is_not_a_checkpoint_is_refused_in_one_line(
+    in_process, monkeypatch, capsys, tmp_path: Path, kind: str, reason: str
+) -> None:
+    path = tmp_path / "step_00000003.pt"
+    if kind == "notes":
+        path.write_text("notes")
+    with pytest.raises(SystemExit) as stopped:
+        evaluate(monkeypatch, capsys, f"ckpt_path={path}")
+    assert stopped.value.code == 2 and in_process == []
+    err = capsys.readouterr().err
+    assert err.startswith("error: ckpt_path") and str(path) in err and err.count("\n") == 1, err
+    assert reason in err and "give a checkpoints/step_<N>.pt" in err

@@ -1,0 +1,50 @@
+"""The package itself: what a user's own model, data set or task may import from it, loaded on first use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import {{cookiecutter.package_name}} as package
+from {{cookiecutter.package_name}} import datasets, randomness, tasks
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+
+
+def test_each_exported_name_is_the_real_object() -> None:
+    assert package.Task is tasks.Task
+    assert package.seeded_by_sample is randomness.seeded_by_sample
+    assert package.sample_generator is randomness.sample_generator
+    assert package.current_sample is randomness.current_sample
+    assert package.TensorImages is datasets.TensorImages
+    assert package.normalise is datasets.normalise
+    from {{cookiecutter.package_name}} import Task, TensorImages  # the form the README shows
+
+    assert (Task, TensorImages) == (tasks.Task, datasets.TensorImages)
+
+
+def test_all_names_exactly_the_exports() -> None:
+    expected = ["Task", "TensorImages", "current_sample", "normalise", "sample_generator", "seeded_by_sample"]
+    assert package.__all__ == expected
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="module '{{cookiecutter.package_name}}' has no attribute 'Trainer'"):
+        package.Trainer  # noqa: B018
+    assert not hasattr(package, "models_and_more")
+    with pytest.raises(ImportError):
+        from {{cookiecutter.package_name}} import Trainer  # noqa: F401
+
+
+def test_importing_the_package_alone_imports_no_torch() -> None:
+    code = (
+        "import json, sys; import {{cookiecutter.package_name}}; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_DIR, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [], "the launcher's start-up pays for no torch"

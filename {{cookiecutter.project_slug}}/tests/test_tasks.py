@@ -1,0 +1,78 @@
+"""tasks.py: each task's loss per sample and its metrics, as torch's own cross-entropy gives them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from {{cookiecutter.package_name}}.tasks import Classification, LanguageModel, Task
+
+
+def logits_and_labels(batch: int = 6, classes: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(batch, classes, generator=generator), torch.randint(0, classes, (batch,), generator=generator)
+
+
+def test_the_classification_loss_is_one_cross_entropy_per_sample() -> None:
+    logits, labels = logits_and_labels()
+    loss = Classification().loss(logits, labels)
+    assert loss.shape == (6,)
+    for i in range(6):
+        assert loss[i].item() == pytest.approx(F.cross_entropy(logits[i : i + 1], labels[i : i + 1]).item(), rel=1e-6)
+    assert loss.mean().item() == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_loss_of_half_precision_logits_is_computed_in_float32(dtype: torch.dtype) -> None:
+    logits, labels = logits_and_labels()
+    half = logits.to(dtype)
+    for task, targets, outputs in (
+        (Classification(), labels, half),
+        (LanguageModel(), labels.view(2, 3), half.view(2, 3, 5)),
+    ):
+        loss = task.loss(outputs, targets)
+        assert loss.dtype == torch.float32
+        expected = task.loss(outputs.float(), targets)
+        assert torch.equal(loss, expected)
+
+
+def test_classification_metrics_are_the_loss_and_whether_each_sample_is_right() -> None:
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0], [1.0, 4.0, 0.0]])
+    labels = torch.tensor([0, 1, 0, 0])
+    metrics = Classification().metrics(logits, labels)
+    assert list(metrics) == ["loss", "acc"], "the first is the validation loss"
+    assert metrics["acc"].tolist() == [1.0, 1.0, 0.0, 0.0] and metrics["acc"].dtype == torch.float32
+    assert torch.equal(metrics["loss"], F.cross_entropy(logits, labels, reduction="none"))
+
+
+def test_the_language_model_loss_is_each_sequences_mean_next_token_cross_entropy() -> None:
+    generator = torch.Generator().manual_seed(1)
+    logits, tokens = torch.randn(3, 7, 11, generator=generator), torch.randint(0, 11, (3, 7), generator=generator)
+    loss = LanguageModel().loss(logits, tokens)
+    assert loss.shape == (3,)
+    for i in range(3):
+        assert loss[i].item() == pytest.approx(F.cross_entropy(logits[i], tokens[i]).item(), rel=1e-6)
+
+
+def test_the_language_models_bits_per_byte_are_its_loss_in_bits() -> None:
+    generator = torch.Generator().manual_seed(2)
+    logits, tokens = torch.randn(4, 5, 256, generator=generator), torch.randint(0, 256, (4, 5), generator=generator)
+    metrics = LanguageModel().metrics(logits, tokens)
+    assert list(metrics) == ["loss", "bpb"]
+    assert torch.equal(metrics["loss"], LanguageModel().loss(logits, tokens))
+    torch.testing.assert_close(metrics["bpb"], metrics["loss"] / math.log(2), rtol=0, atol=0)
+    uniform = LanguageModel().metrics(torch.zeros(1, 5, 256), tokens[:1])
+    assert uniform["bpb"].item() == pytest.approx(8.0), "a uniform guess over 256 bytes costs 8 bits a byte"
+
+
+def test_both_tasks_are_tasks_and_an_object_without_metrics_is_not() -> None:
+    assert isinstance(Classification(), Task) and isinstance(LanguageModel(), Task)
+
+    class LossOnly:
+        def loss(self, outputs, targets):  # noqa: ANN001, ANN202
+            return outputs
+
+    assert not isinstance(LossOnly(), Task)

@@ -1,0 +1,127 @@
+"""From Hydra's composed config to checked dataclasses (to_train_config), and back to plain values
+for a checkpoint (to_plain_dict); an evaluation's config from its checkpoint (compose_for_checkpoint).
+`to_train_config` runs every section's check before any process group exists, identically on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass, replace
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import ConfigError
+from ..redaction import redact
+from .schema import DataConfig, EvalConfig, LogConfig, TrainConfig, check_optim
+from .values import require_target
+
+
+def register_configs() -> None:
+    """Make the schemas available to the yaml files under configs/ (their `defaults: - base_*`)."""
+    store = ConfigStore.instance()
+    store.store(group="schema", name="train", node=TrainConfig, package="_global_")
+    store.store(group="schema", name="eval", node=EvalConfig, package="_global_")
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """Turn Hydra's composed config into dataclass objects, running every range check.
+
+    Interpolations are resolved here; a missing value or a failed check becomes a ConfigError.
+    """
+    try:
+        config = OmegaConf.to_object(cfg)
+    except Exception as error:  # OmegaConf's own errors carry the key in their message
+        message = str(error).strip().splitlines()[0]
+        raise ConfigError(f"invalid configuration: {message}") from None
+    refuse_unknown_keys(cfg, config)
+    require_target("model", config.model)
+    require_target("task", config.task)
+    check_optim(config.optim)
+    config.data = DataConfig.from_node(config.data)
+    config.log = LogConfig.from_node(config.log)
+    check_all(config)
+    return config
+
+
+def refuse_unknown_keys(node: Any, section: Any, prefix: str = "") -> None:
+    """A key the schema does not know (`+trainer.foo=3`) would be silently ignored: refuse it.
+    The groups (model, data, optim, task) are open: their keys are the callable's arguments."""
+    known = {item.name: getattr(section, item.name) for item in fields(section)}
+    for key in node:
+        if key not in known:
+            raise ConfigError(
+                f"{prefix}{key} is not a setting of this project: remove it, or see configs/train.yaml for the keys"
+            )
+        if is_dataclass(known[key]):
+            refuse_unknown_keys(node[key], known[key], f"{prefix}{key}.")
+
+
+def check_all(section: Any) -> None:
+    """Run `check()` on a config dataclass and on every section inside it."""
+    if hasattr(section, "check"):
+        section.check()
+    for item in fields(section):
+        value = getattr(section, item.name)
+        if is_dataclass(value):
+            check_all(value)
+
+
+def to_plain_dict(config: Any) -> dict[str, Any]:
+    """The config as plain dicts, lists and scalars (what a weights_only checkpoint may hold):
+    the groups as configured, so that the checkpoint's config composes again. What is written of a
+    config (checkpoints, config.yaml, trackers) is this: credentials redacted (redaction.py)."""
+    log = dict(config.log) if isinstance(config.log, LogConfig) else config.log
+    plain = OmegaConf.to_container(OmegaConf.structured(replace(config, log=log)), resolve=True)
+    if isinstance(config.data, DataConfig):
+        plain["data"] = config.data.node  # type: ignore[index]
+    return redact(plain)
+
+
+CONFIG_GROUPS = ("model", "data", "optim", "task")
+
+
+def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> DictConfig:
+    """The eval config: the checkpoint's own settings, then whatever the user overrode.
+
+    Evaluating a checkpoint needs the settings it was trained with (the model, the data set,
+    the seed the synthetic set is drawn from); the user only names what should differ. The
+    groups (model, data, optim, task) come back whole, as the checkpoint holds them.
+    """
+    from hydra import compose
+
+    given = {item.split("=", 1)[0].lstrip("+~") for item in user_overrides if "=" in item}
+    composed = compose(config_name="eval", overrides=list(user_overrides))
+    merged = composed.copy()
+    for section, value in saved.items():
+        if section in given or section not in composed:
+            continue
+        if section in CONFIG_GROUPS:
+            merged[section] = value
+        else:
+            merged = OmegaConf.merge(merged, {section: value})  # type: ignore[assignment]
+    for key in given:  # a dotted override (data.batch_size=...) keeps the user's value
+        if "." in key and key.split(".", 1)[0] not in given:
+            OmegaConf.update(merged, key, OmegaConf.select(composed, key), merge=False)
+            reach_the_data_set(merged, saved, key)
+    return merged
+
+
+LOADER_KEYS = ("batch_size", "num_workers", "augment", "on_device")  # what the loader reads of data.*
+
+
+def reach_the_data_set(merged: DictConfig, saved: dict[str, Any], key: str) -> None:
+    """A checkpoint holds its data node resolved: `data.val_size=5` must also reach the data set's own
+    `val_size` (configs/data/*.yaml interpolate `${data.val_size}` there), or it would change nothing.
+    Where the data set has no key of that name holding the same value, say so rather than ignore it."""
+    section, _, name = key.partition(".")
+    if section != "data" or "." in name or name in LOADER_KEYS or "data" in saved and name not in saved["data"]:
+        return
+    dataset, before = merged.data.get("dataset", {}), saved.get("data", {}).get(name)
+    if name in dataset and dataset[name] == before:
+        dataset[name] = merged.data[name]
+    elif before is not None:
+        raise ConfigError(
+            f"{key}: the checkpoint's data set does not take data.{name}: give its own key, "
+            f"data.dataset.<key>=..., or leave it as trained"
+        )

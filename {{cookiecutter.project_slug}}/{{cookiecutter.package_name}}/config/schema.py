@@ -1,0 +1,234 @@
+"""Typed schema of the configuration: types and rules live here; each key's default and its
+one-line meaning live in configs/train.yaml (and the group files), nowhere else.
+
+Every yaml file under configs/ extends one of these dataclasses, so Hydra rejects a wrong
+type at composition time; each section's `check()` runs before any work (compose.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from .values import (
+    BACKENDS,
+    COMM_HOOKS,
+    LOSS_SCALING,
+    PRECISIONS,
+    SCHEDULERS,
+    STRATEGY_SECTIONS,
+    flag,
+    number,
+    require,
+    require_choice,
+    require_positive,
+    require_target,
+    step_range,
+    train_defaults,
+    whole_number,
+)
+
+
+@dataclass
+class DataConfig:
+    """The loader's keys of a configs/data/*.yaml file. Its `dataset` node's `_target_` returns
+    the (train, val) pair; any other key of the file is there for that node to interpolate."""
+
+    batch_size: int  # per process
+    num_workers: int
+    dataset: dict[str, Any]
+    num_classes: int = 0  # classification: the model's outputs; 0 where the task has no classes
+    augment: bool = False  # the project's random crop (padding 4) and flip of image tensors
+    on_device: bool = False  # keep the training set on the GPU and augment batches there
+    node: dict[str, Any] = field(default_factory=dict)  # the whole data node, as configured
+
+    @classmethod
+    def from_node(cls, node: dict[str, Any]) -> DataConfig:
+        require(isinstance(node, dict), "data must be a config node: choose one with data=<name>")
+        require_target("data.dataset", node.get("dataset"))
+        return cls(
+            batch_size=whole_number("data.batch_size", node.get("batch_size"), 1),
+            num_workers=whole_number("data.num_workers", node.get("num_workers", 0), 0),
+            dataset=node["dataset"],
+            num_classes=whole_number("data.num_classes", node["num_classes"], 2) if "num_classes" in node else 0,
+            augment=flag("data.augment", node.get("augment", False)),
+            on_device=flag("data.on_device", node.get("on_device", False)),
+            node=node,
+        )
+
+
+def check_optim(node: Any) -> None:
+    """optim: `_target_` (any torch.optim class) and its arguments, plus the project's schedule keys."""
+    require_target("optim", node)
+    number("optim.lr", node.get("lr"), 0, strictly=True)
+    number("optim.weight_decay", node.get("weight_decay", 0.0), 0)
+    require_choice("optim.scheduler", node.get("scheduler", "cosine"), SCHEDULERS)
+    number("optim.warmup_epochs", node.get("warmup_epochs", 0.0), 0)
+    if "betas" in node:
+        betas = node["betas"]
+        in_range = isinstance(betas, list) and all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)
+        require(in_range and len(betas) == 2, f"optim.betas must be two numbers in [0, 1), got {betas}")
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = MISSING
+    log_every_n_steps: int = MISSING
+    record_samples: bool = MISSING
+    precision: str = MISSING
+    channels_last: bool = MISSING
+    compile: bool = MISSING
+    grad_accum_steps: int = MISSING
+    clip_grad_norm: float = MISSING
+    deterministic: bool = MISSING
+    profile_steps: str = MISSING
+    memory_snapshot: bool = MISSING
+
+    def check(self) -> None:
+        require_positive("trainer.epochs", self.epochs)
+        require_positive("trainer.log_every_n_steps", self.log_every_n_steps)
+        require_choice("trainer.precision", self.precision, PRECISIONS)
+        require_positive("trainer.grad_accum_steps", self.grad_accum_steps)
+        require(
+            self.clip_grad_norm >= 0,
+            f"trainer.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}",
+        )
+        profiled = step_range("trainer.profile_steps", self.profile_steps)
+        require(
+            profiled is not None or not self.memory_snapshot,
+            "trainer.memory_snapshot=true records the steps of trainer.profile_steps: set that too, e.g. "
+            "trainer.profile_steps=5:8",
+        )
+
+
+@dataclass
+class DDPConfig:
+    bucket_cap_mb: float = MISSING
+    gradient_as_bucket_view: bool = MISSING
+    static_graph: bool = MISSING
+    find_unused_parameters: bool = MISSING
+    broadcast_buffers: bool = MISSING
+    sync_batchnorm: bool = MISSING
+    comm_hook: str = MISSING
+    powersgd_rank: int = MISSING
+    powersgd_start_iter: int = MISSING
+
+    def check(self) -> None:
+        require_positive("ddp.bucket_cap_mb", self.bucket_cap_mb)
+        require_choice("ddp.comm_hook", self.comm_hook, COMM_HOOKS)
+        require_positive("ddp.powersgd_rank", self.powersgd_rank)
+        require(
+            self.powersgd_start_iter >= 2,
+            f"ddp.powersgd_start_iter must be >= 2 (PowerSGD needs plain steps first), got {self.powersgd_start_iter}",
+        )
+
+
+@dataclass
+class FSDPConfig:
+    blocks: list[str] = MISSING
+    reshard_after_forward: bool = MISSING
+    cpu_offload: bool = MISSING
+
+
+@dataclass
+class HSDPConfig:
+    shard_size: int = MISSING
+
+    def check(self) -> None:
+        require(self.shard_size >= 0, f"hsdp.shard_size must be >= 0 (0: each node's processes), got {self.shard_size}")
+
+
+@dataclass
+class DistConfig:
+    backend: str = MISSING
+    timeout_s: int = MISSING
+
+    def check(self) -> None:
+        require_choice("dist.backend", self.backend, BACKENDS)
+        require_positive("dist.timeout_s", self.timeout_s)
+
+
+@dataclass
+class CheckpointConfig:
+    every_n_steps: int = MISSING
+    keep_last: int = MISSING
+    resume: str = MISSING
+    allow_changes: list[str] = MISSING
+
+    def check(self) -> None:
+        require(self.every_n_steps >= 0, f"checkpoint.every_n_steps must be >= 0, got {self.every_n_steps}")
+        require_positive("checkpoint.keep_last", self.keep_last)
+
+
+class LogConfig(dict):
+    """The log section: `all_ranks_console`, then the keys of the sinks this project has (observe/sinks/:
+    TensorBoard, experiment trackers, as chosen when it was made). configs/train.yaml declares them, with
+    their defaults and types; a key it does not declare is refused. Read as attributes: `log.<key>`."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    @classmethod
+    def from_node(cls, node: Any) -> LogConfig:
+        declared = train_defaults()["log"]
+        require(isinstance(node, dict), "log must be a config section: see configs/train.yaml for its keys")
+        for key, value in node.items():
+            require(key in declared, f"log.{key} is not a setting of this project: remove it, or see "
+                                     "configs/train.yaml for the keys")  # fmt: skip
+            kind = type(declared[key])  # type: ignore[index]
+            require(
+                isinstance(value, kind) and (kind is bool or not isinstance(value, bool)),
+                f"log.{key} must be {'true or false' if kind is bool else f'a {kind.__name__}'}, got {value!r}",
+            )
+        return cls({**declared, **node})  # type: ignore[dict-item]
+
+
+@dataclass
+class TrainConfig:
+    seed: int = MISSING
+    model: Any = MISSING  # _target_ (returns an nn.Module) and its arguments
+    data: Any = MISSING  # a DataConfig once checked
+    optim: Any = MISSING  # _target_ (a torch.optim class) and its arguments; scheduler, warmup_epochs
+    task: Any = MISSING  # _target_: the loss and the metrics (tasks.py)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: Any = MISSING  # a LogConfig once checked: its keys are train.yaml's
+    strategy: str = MISSING
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    hsdp: HSDPConfig = field(default_factory=HSDPConfig)
+
+    def check(self) -> None:
+        require_choice("strategy", self.strategy, tuple(STRATEGY_SECTIONS))
+        check_strategy_options(self)
+
+
+def check_strategy_options(config: TrainConfig) -> None:
+    """What the chosen strategy cannot do: fp16 without loss scaling, and the options of sections it
+    does not read (another strategy's, which it would ignore)."""
+    require(
+        config.trainer.precision != "fp16" or config.strategy in LOSS_SCALING,
+        f"trainer.precision=fp16 needs loss scaling, which strategy={config.strategy} does not do: use "
+        "trainer.precision=bf16 (fp32's range, no scaling needed)",
+    )
+    read = STRATEGY_SECTIONS[config.strategy]
+    defaults = train_defaults()
+    for strategy, sections in STRATEGY_SECTIONS.items():
+        for section in (section for section in sections if section not in read):
+            for key, value in vars(getattr(config, section)).items():
+                require(
+                    defaults[section].get(key) == value,
+                    f"{section}.{key}={value} is a {section.upper()} option, and strategy={config.strategy} does not "
+                    f"use it: drop it, or use strategy={strategy}",
+                )
+
+
+@dataclass
+class EvalConfig(TrainConfig):
+    ckpt_path: str = MISSING

@@ -1,0 +1,93 @@
+"""The rules a config value is checked by (one line per mistake, saying what to give), the choices
+the schema offers, and where the yaml files are."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def config_dir() -> Path:
+    """configs/: inside the package once installed (`pip install .` puts it there), beside the
+    package in a source checkout."""
+    package = Path(__file__).resolve().parent.parent
+    inside = package / "configs"
+    return inside if inside.is_dir() else package.parent / "configs"
+
+
+@functools.cache
+def train_defaults() -> dict[str, Any]:
+    """configs/train.yaml's own values (its sections' defaults), read once per process."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(config_dir() / "train.yaml"))  # type: ignore[return-value]
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ConfigError(message) unless condition holds."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def require_positive(key: str, value: float) -> None:
+    require(value > 0, f"{key} must be > 0, got {value}: set {key}=<positive number>")
+
+
+def require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    require(value in choices, f"{key}={value!r} is not one of {', '.join(choices)}")
+
+
+BACKENDS = ("auto", "nccl", "gloo", "mpi")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULERS = ("cosine", "constant")
+# Each strategy (engine/strategies/<name>.py) and the config sections it reads. A section no chosen
+# strategy reads, set to anything but train.yaml's value, would be silently ignored: it is refused.
+STRATEGY_SECTIONS = {"ddp": ("ddp",), "fsdp": ("fsdp",), "hsdp": ("fsdp", "hsdp")}
+LOSS_SCALING = ("ddp",)  # fp16 needs a loss scale; the sharded strategies use bf16, fp32's range, instead
+
+
+def whole_number(key: str, value: Any, least: int) -> int:
+    require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= least,
+        f"{key} must be a whole number >= {least}, got {value!r}",
+    )
+    return value
+
+
+def number(key: str, value: Any, least: float, strictly: bool = False) -> float:
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    require(
+        is_number and (value > least if strictly else value >= least),
+        f"{key} must be a number {'>' if strictly else '>='} {least}, got {value!r}",
+    )
+    return float(value)
+
+
+def flag(key: str, value: Any) -> bool:
+    require(isinstance(value, bool), f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def step_range(key: str, value: str) -> tuple[int, int] | None:
+    """START:END, optimizer steps numbered as in metrics.jsonl (1: the first); "" is None (off)."""
+    if value == "":
+        return None
+    first, colon, last = value.partition(":")
+    require(
+        colon == ":" and first.isdigit() and last.isdigit() and int(first) >= 1,
+        f"{key}={value!r} is not START:END, steps numbered from 1: give e.g. {key}=5:8 (or 5:5 for one step)",
+    )
+    swapped = f"{max(int(last), 1)}:{first}"
+    require(int(first) <= int(last), f"{key}={value}: START is after END; give START <= END, e.g. {key}={swapped}")
+    return int(first), int(last)
+
+
+def require_target(key: str, node: Any) -> None:
+    require(
+        isinstance(node, dict) and isinstance(node.get("_target_"), str),
+        f"{key} needs a _target_ (a callable, module.name): see configs/{key.split('.')[0]}/",
+    )

@@ -1,0 +1,130 @@
+"""A checkpoint's files: how they are written safely, found, loaded and set aside (what goes into
+one: manager.py).
+
+- Global rank 0 writes `<run dir>/checkpoints/step_<N>.pt`, N the global optimizer step
+  (strategy=ddp; the sharded strategies write a folder `step_<N>/` of shards: sharded.py).
+- The state is copied to CPU memory on the training thread (the only part that holds a step
+  up); a background thread writes it to a temporary file in the same folder, fsyncs it,
+  renames it into place and fsyncs the folder, so a kill at any instant leaves either the
+  complete new file or none, and never touches the previous one.
+- Only tensors and plain Python values are stored, and files are loaded with
+  `torch.load(..., weights_only=True)`: a checkpoint cannot run code when it is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import ConfigError
+
+FORMAT_VERSION = 1  # what this code writes; a checkpoint of a newer one is refused (check_format_version)
+NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards (fsdp)
+TMP_PREFIX = ".tmp_"
+TRAINER_FILE, METADATA_FILE = "trainer.pt", ".metadata"  # in a folder of shards: all but the tensors; DCP's
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}.pt"
+
+
+def to_cpu(value: Any) -> Any:
+    """A deep copy of a (nested) state with every tensor copied to CPU memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: to_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(item) for item in value)
+    return value
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(payload: dict[str, Any], path: Path) -> None:
+    """torch.save to a temporary file beside `path`, fsync, rename into place, fsync the folder."""
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoints in the folder, newest (highest step) first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME_PATTERN.match(p.name))]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+class NotACheckpoint(ValueError):
+    """A file that does not load as one of this project's checkpoints (tensors and plain values)."""
+
+
+def load_checkpoint(path: Path | str) -> dict[str, Any]:
+    """Load a checkpoint safely (weights_only) onto the CPU; anything else is a NotACheckpoint
+    with a one-line reason (never torch's advice to turn weights_only off: a file that
+    needs it could run code). A folder of shards answers with its trainer.pt: all but the tensors."""
+    path = Path(path)
+    if path.is_dir():
+        for name in (METADATA_FILE, TRAINER_FILE):
+            if not (path / name).is_file():
+                raise NotACheckpoint(f"{path} has no {name}: not a complete sharded checkpoint")
+        return load_checkpoint(path / TRAINER_FILE)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        if "weights_only" in str(error):  # torch's message advises turning weights_only off: never repeat that
+            raise NotACheckpoint(
+                f"{path} holds objects other than tensors and plain values: not a checkpoint of this project"
+            ) from None
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+        raise NotACheckpoint(f"{path} is unreadable ({first}): not a checkpoint of this project") from None
+    whole = path.name != TRAINER_FILE  # a ddp checkpoint; a folder's trainer.pt has no tensors
+    if not isinstance(payload, dict) or "step" not in payload or (whole and "model" not in payload):
+        raise NotACheckpoint(f"{path} is not a checkpoint of this project (no 'model' or 'step')")
+    return payload
+
+
+def check_format_version(path: Path | str, payload: dict[str, Any]) -> None:
+    """Refuse a checkpoint written by newer code, whose contents this code may misread."""
+    version = payload.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ConfigError(
+            f"checkpoint {path} has format version {version}, newer than this code's {FORMAT_VERSION}: "
+            "update the project's code to the version that wrote it, or start a new run dir"
+        )
+
+
+def restore(model: nn.Module, payload: dict[str, Any], path: Path) -> None:
+    """Load the model weights, turning a shape or key mismatch into a one-line error."""
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()
+        raise ConfigError(f"checkpoint {path} does not fit this model: {' '.join(first[:3])[:300]}") from None

@@ -1,0 +1,201 @@
+"""The writer of a run's checkpoints (a `step_<N>.pt` per checkpoint, by global rank 0), in the
+background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, found for a resume.
+The sharded strategies' writer (sharded.py) extends it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from ...config import CheckpointConfig
+from ...errors import ConfigError, JobError, first_line
+from .files import (
+    TMP_PREFIX,
+    NotACheckpoint,
+    checkpoint_name,
+    list_checkpoints,
+    load_checkpoint,
+    remove,
+    to_cpu,
+    write_atomically,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """Saves on global rank 0 in the background and finds the checkpoint to resume from."""
+
+    def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool) -> None:
+        self.folder = folder
+        self.config = config
+        self.is_writer = is_writer
+        self.last_saved_step: int | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._valid: set[Path] = set()  # checkpoints known to load
+        self._writing: Path | None = None
+        # Called by the writer thread with the step of each checkpoint once it is on disk; they must not raise.
+        self.on_written: list[Callable[[int], None]] = []
+        if is_writer:
+            folder.mkdir(parents=True, exist_ok=True)
+            for leftover in folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
+                remove(leftover)
+
+    def save_config(self, plain_config: dict[str, Any]) -> None:
+        """The resolved config beside the checkpoints, as YAML."""
+        if self.is_writer:
+            (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(plain_config))
+
+    def save(self, step: int, state: dict[str, Any]) -> bool:
+        """Snapshot `state` (a trainer's state_dict) now and write it in the background as step `step`.
+
+        Every rank may call this; only the writer does anything. A second save at the same step
+        (the one resumed from, too) is skipped, and a save waits for the one before it. True when
+        a save was started.
+        """
+        if not self.is_writer or self.last_saved_step == step:
+            return False
+        self.wait()
+        payload = to_cpu(state)
+        path = self._writing = self.folder / checkpoint_name(step)
+        self._thread = threading.Thread(target=self._write, args=(payload, path, step), name="checkpoint-writer")
+        self._thread.start()
+        self.last_saved_step = step
+        return True
+
+    def _write(self, payload: dict[str, Any], path: Path, step: int) -> None:
+        try:
+            started = time.perf_counter()
+            write_atomically(payload, path)
+            self._written(path, step, started)
+        except BaseException as error:  # re-raised on the training thread by wait()
+            self._error = error
+
+    def _written(self, path: Path, step: int, started: float) -> None:
+        """On the writer thread, once a checkpoint is complete under its name: count it, tell the
+        callbacks, prune."""
+        self._valid.add(path)
+        log.info("saved checkpoint %s (written in %.2f s)", path, time.perf_counter() - started)
+        for callback in self.on_written:
+            callback(step)
+        self.prune()
+
+    def prune(self) -> None:
+        """Keep the newest `keep_last` valid checkpoints. A file that is not one (unreadable, cut
+        short, foreign) is set aside under another name with a warning and never counted, so it
+        can never push a good checkpoint out."""
+        valid = []
+        for path in list_checkpoints(self.folder):
+            if path not in self._valid:
+                try:
+                    if path.is_dir():
+                        load_checkpoint(path)
+                    else:
+                        probe = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                        if not (isinstance(probe, dict) and {"model", "step"} <= probe.keys()):
+                            raise NotACheckpoint("no 'model' or 'step'")
+                except Exception as error:
+                    aside = path.with_name(f"{path.name}.unreadable")
+                    os.replace(path, aside)
+                    log.warning("%s is not a valid checkpoint (%s): set aside as %s", path, str(error)[:80], aside.name)
+                    continue
+                self._valid.add(path)
+            valid.append(path)
+        for old in valid[self.config.keep_last :]:
+            remove(old)
+            self._valid.discard(old)
+
+    def set_aside(self, path: Path) -> None:
+        """A checkpoint that failed to load: out of the way (by the writer), never tried again."""
+        if self.is_writer and path.exists():
+            os.replace(path, path.with_name(f"{path.name}.unreadable"))
+        self._valid.discard(path)
+
+    def raise_if_failed(self) -> None:
+        """Without waiting: stop with the background write's error if it has failed."""
+        if self._error is not None:
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the background write (if any) is on disk; its failure is a JobError."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            if not is_storage_error(error):  # a peer lost during a collective save: torchrun restarts, resumes
+                raise RuntimeError(f"writing checkpoint {self._writing} failed: {first_line(error)}") from error
+            raise JobError(
+                f"writing checkpoint {self._writing} failed ({first_line(error)}); the previous checkpoints are "
+                "intact: free some space or fix the run dir's permissions, then launch again"
+            ) from error
+
+    def find_resume_payload(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
+        """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh.
+        `skip`: checkpoints that failed to load (a corrupt shard).
+
+        With a path, the run dir's own checkpoints win once there are any: a torchrun restart
+        must continue the job, not go back to where it started.
+        """
+        resume = self.config.resume
+        if resume == "never":
+            return None
+        found = self.newest_readable(skip)
+        if resume != "auto" and found is None:
+            path = Path(resume)
+            if not path.exists():
+                raise ConfigError(
+                    f"checkpoint.resume={resume}: no such file; give a step_<N>.pt (or step_<N>/) path, auto or never"
+                )
+            try:
+                found = path, load_checkpoint(path)
+            except NotACheckpoint as error:
+                raise ConfigError(
+                    f"checkpoint.resume={resume}: {error}; give a checkpoints/step_<N>.pt of a run"
+                ) from None
+        if found is not None:
+            self.last_saved_step = found[1]["step"]  # resuming from it: no need to write it again
+        return found
+
+    def newest_readable(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
+        for path in list_checkpoints(self.folder):
+            if path in skip:
+                continue
+            try:
+                return path, load_checkpoint(path)
+            except Exception as error:  # truncated or corrupt: fall back to the next older one
+                log.warning("skipping unreadable checkpoint %s (%s); trying an older one", path, error)
+        return None
+
+    def refuse_to_overwrite(self) -> None:
+        """checkpoint.resume=never must not write over a run's checkpoints: refuse at launch."""
+        existing = list_checkpoints(self.folder)
+        if self.config.resume == "never" and existing:
+            raise ConfigError(
+                f"checkpoint.resume=never but {self.folder} already holds checkpoints ({existing[0].name}); "
+                "start a new run dir (leave RUN_DIR out) or use checkpoint.resume=auto to continue it"
+            )
+
+
+def is_storage_error(error: BaseException | None) -> bool:
+    """Whether a failed write is the disk's doing (full, read-only, no permission), which a restart
+    would only repeat, rather than a lost peer's (a sharded save is a collective). DCP gathers the
+    ranks' failures into one exception, each with its traceback."""
+    if error is None or isinstance(error, ConnectionError):
+        return False
+    if isinstance(error, OSError):
+        return True
+    failures = getattr(error, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+    if isinstance(failures, dict):
+        found = [item[0] if isinstance(item, tuple) else item for item in failures.values()]
+        return any(isinstance(item, BaseException) and is_storage_error(item) for item in found)
+    return is_storage_error(error.__cause__ or error.__context__)

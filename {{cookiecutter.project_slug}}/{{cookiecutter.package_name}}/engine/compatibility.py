@@ -1,0 +1,136 @@
+"""Settings that must agree: every rank's with every other's, and a resumed run's with its checkpoint's
+(docs/checkpoints.md, "What a resume may change").
+
+Every rank composes its config from its own node's command line. At start the ranks exchange one
+hash of it; nodes launched with other overrides stop the whole job at once, in one line naming the
+keys and the nodes, before any training (they would train different replicas, or wait forever).
+
+A checkpoint continues under the config it is resumed with. Three kinds of change would break a
+promise, and are refused in one line that names the keys and says how to go on:
+- the model (`model.*`): the saved weights would not fit it, or not mean the same;
+- the optimizer class (`optim._target_`): the saved optimizer state is another optimizer's;
+- what an epoch holds and its order: the seed and the data set (`seed`, `data.*` but the loader's
+  batch_size, num_workers and on_device): mid-epoch, samples would be repeated or never seen.
+`checkpoint.allow_changes` lists the keys (or a prefix of them, `data`) a user accepts changing
+anyway. Every other change (more epochs, the learning rate, precision, the strategy, logging) is
+allowed and listed in the log. A run that has finished trains nothing more: a relaunch of it
+with changes that would matter to training is refused too, rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, JobError
+from ..placement import DistEnv
+from .distributed import all_gather_bytes
+
+REFUSED = ("model", "optim._target_", "seed", "data")
+LOADER_KEYS = ("data.batch_size", "data.num_workers", "data.on_device")  # the same samples, batched otherwise
+# What a finished run may be relaunched with, changed, without anything being silently ignored.
+OPERATIONAL = ("log", "dist", "checkpoint", "trainer.log_every_n_steps", "trainer.record_samples",
+               "trainer.profile_steps", "trainer.memory_snapshot", *LOADER_KEYS)  # fmt: skip
+SHOWN = 4  # differences named in one line
+
+
+def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted key: value}; lists are values."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    found: dict[str, Any] = {}
+    for key, value in node.items():
+        found.update(leaves(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}"))
+    return found
+
+
+def under(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
+
+
+def differences(saved: dict[str, Any], config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (checkpoint's value, config's)} for every setting that differs. A data set argument that
+    only repeats another key (`data.dataset.train_size: ${data.train_size}`, `seed: ${seed}`) is named
+    by that key alone."""
+    old, new = leaves(saved), leaves(config)
+    changed = {key: (old.get(key), new.get(key)) for key in sorted({*old, *new}) if old.get(key) != new.get(key)}
+    changed.pop("checkpoint.resume", None)  # where it resumes from: the point of a resume
+    changed.pop("checkpoint.allow_changes", None)
+    for key in list(changed):
+        name = key.rsplit(".", 1)[-1]
+        if key.startswith("data.dataset.") and changed[key] in (changed.get(f"data.{name}"), changed.get(name)):
+            del changed[key]
+    return changed
+
+
+def listed(changed: dict[str, tuple[Any, Any]], keys: list[str]) -> str:
+    shown = "; ".join(f"{key}: checkpoint {changed[key][0]!r}, config {changed[key][1]!r}" for key in keys[:SHOWN])
+    return shown + (f"; and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
+
+
+def check_resumable(path: Path | str, payload: dict[str, Any], config: dict[str, Any], epochs: int) -> list[str]:
+    """Refuse a resume that would break a promise (ConfigError, one line); else the changes it makes,
+    one string each, for the log. `config` is the plain config the run continues with."""
+    changed = differences(payload.get("config", {}), config)
+    allowed = list(config.get("checkpoint", {}).get("allow_changes", []))
+    refused = [key for key in changed if under(key, REFUSED) and not under(key, LOADER_KEYS)]
+    refused = [key for key in refused if not under(key, allowed)]
+    model = [key for key in refused if under(key, ("model",))]
+    if model:
+        raise ConfigError(
+            f"checkpoint {path} does not fit this model ({listed(changed, model)}): use the same model settings, "
+            "another run dir, or checkpoint.resume=never"
+        )
+    if "optim._target_" in refused:
+        old, new = changed["optim._target_"]
+        raise ConfigError(
+            f"checkpoint {path} holds the state of optim._target_={old}, not {new}: resume with the same optimizer, "
+            "another run dir, or checkpoint.resume=never"
+        )
+    if refused:
+        accept = ",".join(sorted({key.split(".")[0] for key in refused}) if len(refused) > SHOWN else refused)
+        raise ConfigError(
+            f"checkpoint {path} was trained with another sample order or data set ({listed(changed, refused)}): "
+            "resuming would repeat or skip samples of its epoch. Launch with the checkpoint's values, give a new run "
+            "dir (RUN_DIR, or RUN_NAME on many nodes) to start a new run, or accept it: "
+            f"checkpoint.allow_changes=[{accept}]"
+        )
+    finished = payload.get("epoch", 0) >= epochs and payload.get("samples_in_epoch", 0) == 0
+    ignored = [key for key in changed if not under(key, OPERATIONAL)]
+    if finished and ignored:
+        raise ConfigError(
+            f"the run of checkpoint {path} has finished (epoch {payload['epoch']} of {epochs}, step "
+            f"{payload.get('step')}) and would train nothing with the changed settings ({listed(changed, ignored)}): "
+            "give a new run dir (RUN_DIR, or RUN_NAME on many nodes) to train with them, or more trainer.epochs to "
+            "go on"
+        )
+    return [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items()]
+
+
+def check_same_config_everywhere(config: dict[str, Any], env: DistEnv) -> None:
+    """Every rank runs with the same settings (a collective: one hash each, then, only if they
+    differ, the configs); else a JobError (exit code 2) naming the keys and the nodes, on every rank."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    digests = all_gather_bytes(hashlib.sha256(text.encode()).digest(), env.device)
+    if len(set(digests)) == 1:
+        return
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    entries = [json.loads(data) for data in all_gather_bytes(json.dumps([node, text]).encode(), env.device)]
+    reference_node, reference = entries[0][0], json.loads(entries[0][1])
+    told: dict[int, str] = {}
+    for other_node, other in entries:
+        if other_node in told or other_node == reference_node:
+            continue
+        changed = differences(reference, json.loads(other))
+        if changed:
+            shown = "; ".join(f"{key}={new!r} where node {reference_node} has {old!r}"
+                              for key, (old, new) in list(changed.items())[:SHOWN])  # fmt: skip
+            told[other_node] = f"node {other_node}: {shown}"
+    raise JobError(
+        f"the nodes were launched with different settings ({'; '.join(told.values())}): launch every node with "
+        "the same overrides",
+        exit_code=2,
+    )

@@ -1,0 +1,146 @@
+"""The data path: keyed samples and the loaders, for training (DataLoader or on the device) and evaluation.
+
+Every sample is built from its key (seed, epoch, index): the sampler (sampler.py) says which keys
+a rank gets, augmentation (augment.py) and a data set's own random transforms (randomness.py) draw
+from the key. So the batches do not depend on the number of processes or DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..augment import augment, augment_batch
+from ..config import DataConfig
+from ..datasets import TensorImages, normalise
+from ..errors import ConfigError, JobError, first_line
+from ..placement import DistEnv
+from ..randomness import EVAL_EPOCH, building_sample
+from .components import build_datasets
+from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
+
+log = logging.getLogger(__name__)
+
+
+def describe_item(dataset: Dataset, index: int) -> str:
+    """The file behind an item, where the data set says (torchvision's folder sets do)."""
+    samples = getattr(dataset, "samples", None)
+    try:
+        return f" ({samples[index][0]})" if samples is not None else ""
+    except (IndexError, TypeError, KeyError):
+        return ""
+
+
+class KeyedDataset(Dataset):
+    """Items (input, target, weight, index); training keys are (index, epoch, weight), evaluation
+    keys indices. While the base set builds a sample, its (seed, epoch, index) is the current
+    sample's key (randomness.py), which the sample's own random draws come from."""
+
+    def __init__(self, base: Dataset, seed: int, augmented: bool) -> None:
+        self.base, self.seed, self.augmented = base, seed, augmented
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: int | TrainKey) -> tuple[Any, Any, float, int]:
+        index, epoch, weight = (key, EVAL_EPOCH, 1.0) if isinstance(key, int) else key
+        with building_sample(self.seed, epoch, index):
+            try:
+                item = self.base[index]
+            except Exception as error:  # a corrupt file met mid-epoch: no restart can fix it
+                raise JobError(f"data set item {index}{describe_item(self.base, index)} failed to load "
+                               f"({first_line(error)}): fix or remove it, then launch again") from error  # fmt: skip
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise TypeError(f"data set items must be (input, target) pairs; item {index} is a {type(item).__name__}")
+        inputs, target = item
+        if self.augmented and epoch != EVAL_EPOCH:
+            inputs = augment(inputs, self.seed, epoch, index)
+        return inputs, target, weight, index
+
+
+class DeviceBatches:
+    """The training batches of `data.on_device`: the set lives on the device and each batch is
+    gathered, normalised and augmented there, from the sampler's own keys, so the batches equal
+    the DataLoader's (same order, same crops and flips) without workers or host-to-device copies."""
+
+    def __init__(
+        self, base: TensorImages, sampler: ResumableDistributedSampler, seed: int, augmented: bool, device: torch.device
+    ) -> None:
+        self.images, self.labels = base.images.to(device), base.labels.to(device)
+        self.sampler, self.seed, self.augmented, self.device = sampler, seed, augmented, device
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.sampler.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        keys = iter(self.sampler)
+        while chunk := list(itertools.islice(keys, self.sampler.batch_size)):
+            indices = torch.tensor([index for index, _, _ in chunk])
+            weights = torch.tensor([weight for _, _, weight in chunk], dtype=torch.float64)  # as collated
+            on_device = indices.to(self.device, non_blocking=True)
+            images = self.images[on_device]
+            if images.dtype == torch.uint8:
+                images = normalise(images)
+            if self.augmented:
+                images = augment_batch(images, self.seed, self.sampler.epoch, on_device)
+            yield images, self.labels[on_device], weights, indices
+
+
+@dataclass
+class Data:
+    train_loader: DataLoader | DeviceBatches
+    val_loader: DataLoader
+    sampler: ResumableDistributedSampler
+    val_size: int
+
+
+def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
+    workers = config.num_workers
+    return {
+        "batch_size": config.batch_size,
+        "num_workers": workers,
+        "pin_memory": env.device.type == "cuda",
+        "persistent_workers": workers > 0,
+        "prefetch_factor": 4 if workers > 0 else None,
+        # A generator of its own: a loader would otherwise draw its workers' base seed from the
+        # global one at every epoch's start, shifting the dropout masks of a resumed run.
+        "generator": torch.Generator().manual_seed(seed),
+    }
+
+
+def check_datasets(config: DataConfig, pair: tuple[Dataset, Dataset]) -> None:
+    """Refuse, before any work, what the loader settings cannot do with these sets."""
+    if config.on_device and not isinstance(pair[0], TensorImages):
+        raise ConfigError(
+            f"data.on_device=true needs a data set held in memory (a TensorImages, as synthetic and cifar10 "
+            f"give), not a {type(pair[0]).__name__}: set data.on_device=false"
+        )
+
+
+def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
+    """The training loader (resumable distributed sampler) and this rank's evaluation loader."""
+    train_base, val_base = build_datasets(config.dataset)
+    check_datasets(config, (train_base, val_base))
+    train_set = KeyedDataset(train_base, seed, augmented=config.augment)
+    val_set = KeyedDataset(val_base, seed, augmented=False)
+    sampler = ResumableDistributedSampler(len(train_set), env, config.batch_size, seed)
+    options = loader_options(config, env, seed)
+    shard = torch.utils.data.Subset(val_set, list(eval_shard(len(val_set), env.rank, env.world_size)))
+    if config.on_device:  # check_datasets allows it for in-memory sets (TensorImages) only
+        in_memory: TensorImages = train_base  # type: ignore[assignment]
+        train_loader: DataLoader | DeviceBatches = DeviceBatches(in_memory, sampler, seed, config.augment, env.device)
+    else:
+        train_loader = DataLoader(train_set, sampler=sampler, **options)
+    return Data(
+        train_loader=train_loader,
+        val_loader=DataLoader(shard, shuffle=False, **options),
+        sampler=sampler,
+        val_size=len(val_set),
+    )

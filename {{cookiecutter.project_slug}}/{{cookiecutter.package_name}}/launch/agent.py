@@ -1,0 +1,75 @@
+"""torchrun's agent as the launcher starts it: `python -m {{ cookiecutter.package_name }}.launch.agent [torchrun's arguments]`.
+
+The same agent as `python -m torch.distributed.run` (torchrun), with two differences:
+- its stores listen on STORE_ADDRESS_ENV alone where the launcher sets it (127.0.0.1 for a job on one
+  node, LOCAL_ADDR on many), not on every interface: torch.distributed's store has no authentication,
+  and anyone who reaches it can read and write the job's keys;
+- it is quieter on the console where torchrun prints its own traceback over what the workers said: a
+  signal the launcher forwarded (SIGTERM, SIGINT, SIGHUP) ends it with 128 + the signal, and failed
+  workers are summarised as torchrun does (rank, exit code, their traceback), exit code 1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+from torch.distributed import TCPStore
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous
+from torch.distributed.run import parse_args, run
+
+from ..processes import exit_now
+from ..run_dir import STORE_ADDRESS_ENV
+
+STORE_ARGUMENTS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
+                   "master_listen_fd", "use_libuv")  # fmt: skip
+
+
+def stores_listening_on(address: str) -> Any:
+    """TCPStore, with a server's socket bound to `address` (TCPStore itself binds every interface)."""
+
+    def store(*args: Any, **kwargs: Any) -> TCPStore:
+        options = {**dict(zip(STORE_ARGUMENTS, args, strict=False)), **kwargs}
+        if options.get("is_master") and options.get("master_listen_fd") is None:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            server = socket.create_server((address, int(options["port"])), family=family, backlog=2048)
+            options["port"], options["master_listen_fd"] = server.getsockname()[1], server.detach()
+        return TCPStore(**options)
+
+    return store
+
+
+def bind_stores(address: str) -> None:
+    """Every store torchrun's agent serves (the rendezvous's, the static one, the workers') on `address`."""
+    store = stores_listening_on(address)
+    c10d_rendezvous_backend.TCPStore = store
+    static_tcp_rendezvous.TCPStore = store
+
+    def bootstrap_store(self: Any, master_addr: str, master_port: int) -> TCPStore:
+        return store(host_name=master_addr, port=master_port, is_master=True, multi_tenant=True)
+
+    dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = bootstrap_store
+
+
+def main(argv: list[str] | None = None) -> int:
+    if address := os.environ.get(STORE_ADDRESS_ENV):
+        bind_stores(address)
+    try:
+        run(parse_args(sys.argv[1:] if argv is None else argv))
+    except SignalException as stop:
+        return 128 + int(stop.sigval)
+    except ChildFailedError as failed:  # what torchrun's @record does, less the agent's own traceback
+        _, failure = failed.get_first_failure()
+        if failure.error_file != "<N/A>":
+            get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
+        print(failed.format_msg(), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    exit_now(main())  # the workers have ended: no second of torch's teardown before the launcher goes on

@@ -1,0 +1,90 @@
+"""The launch layer behind scripts/run_single.sh, run_multi.sh and check_comm.sh.
+
+    python -m <package>.launch single|multi|comm [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags]
+
+One table of launch keys (KEYS) with their defaults and help. A launch checks the keys, then
+what needs no torch (preflight, in this process: the config, the backend, the run dir), then starts
+torchrun once; every mistake is one line on stderr and exit code 2, with no traceback, also one that
+the workers find as they start (engine/checks.py: the model, data and checkpoint). Upper-case
+KEY=VALUE arguments are launch keys; Hydra's flags (--cfg job, --info, --help, -m) and overrides
+go to the training; anything after `--` goes to torchrun. Keys a scheduler puts in the
+environment (NODE_RANK, MASTER_ADDR, MASTER_PORT, NNODES, torchrun's PET_*) are used when the
+command line does not give them.
+
+The modules of launch/, one concern each: keys.py (the keys and the command line), plan.py
+(torchrun's arguments and the workers' environment), checks.py (the checks before torchrun),
+rendezvous.py (the nodes' meeting point), supervise.py (torchrun as a child, signals), job.py
+(one training job), sweep.py and optuna_sweep.py (-m), agent.py (torchrun itself, quieter).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from ..redaction import redact_text
+from .checks import check_comm_config
+from .job import train
+from .keys import USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, usage
+from .plan import plan, worker_environment
+from .rendezvous import check_rendezvous
+from .supervise import PACKAGE, Forwarder, say, torchrun
+from .sweep import sweep
+
+
+def fail(message: str) -> NoReturn:
+    say(f"error: {redact_text(message)}", err=True)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def hydra_only(args: LaunchArgs) -> int:
+    """--cfg, --info, --help and the like: train.py answers them in one process."""
+    flags = [*args.hydra_flags, *(["--help"] if args.help else [])]
+    command = [sys.executable, "-m", f"{PACKAGE}.train", *flags, *args.overrides]
+    return subprocess.run(command, env={**os.environ, **worker_environment(dict(os.environ))}).returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    forwarder = Forwarder()  # first: a signal during the checks stops the launch before torchrun
+    try:
+        return launch_main(list(sys.argv[1:] if argv is None else argv), forwarder)
+    finally:
+        forwarder.close()
+
+
+def launch_main(argv: list[str], forwarder: Forwarder) -> int:
+    mode = argv.pop(0) if argv and argv[0] in ("single", "multi", "comm") else "single"
+    try:
+        args = parse_args(argv, mode)
+        if args.help:
+            print(usage(mode), flush=True)
+            if mode == "comm":
+                return 0
+            print(flush=True)
+            return hydra_only(args)
+        if args.hydra_flags and mode != "comm":
+            return hydra_only(args)
+        if args.multirun and mode != "single":
+            raise LaunchError("-m (a sweep) runs on one node: use scripts/run_single.sh -m ...")
+        launch = plan(mode, args, dict(os.environ), read_cluster_env(Path("scripts") / "cluster.env"))
+        if mode == "comm":
+            check_comm_config(args.overrides, launch)
+            check_rendezvous(launch)
+            return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
+        if args.multirun:
+            return sweep(launch, args, forwarder)
+        if mode == "multi":
+            run_dir = Path("outputs") / launch.values["RUN_NAME"]
+        else:
+            run_dir = Path(launch.values["RUN_DIR"]) if launch.values["RUN_DIR"] else None
+        return train(launch, args, run_dir, forwarder)
+    except LaunchError as error:
+        fail(str(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

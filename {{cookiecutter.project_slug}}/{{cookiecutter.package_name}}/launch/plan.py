@@ -1,0 +1,182 @@
+"""A checked launch (Launch): the processes, GPUs and nodes from the keys, torchrun's arguments and
+the workers' environment. Nothing is started and nothing written here."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..placement import visible_gpu_count
+from ..run_dir import DEBUG_DIR_ENV, STORE_ADDRESS_ENV
+from .keys import LaunchArgs, LaunchError, resolve_keys, whole_number
+
+
+@dataclass
+class Launch:
+    """A checked launch: torchrun's arguments and the workers' environment."""
+
+    mode: str
+    values: dict[str, str]
+    nproc: int
+    gpus: int | None  # GPUS=...: how many; None when not given
+    torchrun_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def check_gpus(values: dict[str, str]) -> tuple[int | None, dict[str, str]]:
+    gpus = values["GPUS"]
+    if not gpus:
+        return None, {}
+    if not re.fullmatch(r"[0-9]+(,[0-9]+)*", gpus):
+        raise LaunchError(f"GPUS={gpus}: give GPU indices separated by commas, e.g. GPUS=0,1,2,3")
+    listed = gpus.split(",")
+    if len(set(listed)) != len(listed):
+        raise LaunchError(f"GPUS={gpus} lists a GPU twice: list each GPU once")
+    return len(listed), {"CUDA_VISIBLE_DEVICES": gpus}
+
+
+def worker_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What the launch sets for the workers, unless the user set it: one thread per process (they
+    share the cores), and MKL_CBWR: Intel MKL may give a matrix product other low bits when its
+    operands lie at other memory alignments, and a restarted worker lays them out anew; STRICT
+    makes CPU results depend on the inputs only, which bit-exact resume on CPUs needs."""
+    defaults = {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AUTO,STRICT"}
+    return {name: environ.get(name) or value for name, value in defaults.items()}
+
+
+def debug_environment(environ: dict[str, str]) -> dict[str, str]:
+    """DEBUG=1: what the workers get to diagnose a hang, unless the user set it (docs/debugging.md).
+    The files these write go to the run dir: see debug_dir_environment."""
+    defaults = {
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",  # checks that all ranks call the same collectives (INFO on gloo: hangs.py)
+        "NCCL_DEBUG": "INFO",
+        flight_recorder_size_variable(): "2000",  # NCCL's flight recorder: each rank's last 2000 collectives...
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # ...written out when one times out
+    }
+    return {name: environ.get(name) or value for name, value in defaults.items()}
+
+
+def flight_recorder_size_variable() -> str:
+    """torch 2.11 renamed TORCH_NCCL_TRACE_BUFFER_SIZE, and warns on every rank at the old name."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in re.findall(r"[0-9]+", version("torch"))[:2])
+    return "TORCH_FR_BUFFER_SIZE" if (major, minor) >= (2, 11) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+
+
+def debug_dir_environment(debug_dir: Path, environ: dict[str, str]) -> dict[str, str]:
+    """DEBUG=1: where the workers' debug files go (the workers' stacks: hangs.py)."""
+    defaults = {
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{debug_dir}/nccl_trace_rank_",  # the flight recorder; + the rank
+        "NCCL_DEBUG_FILE": f"{debug_dir}/nccl_%h_%p.log",  # NCCL's INFO lines, per host and pid, off the console
+    }
+    return {**{name: environ.get(name) or value for name, value in defaults.items()}, DEBUG_DIR_ENV: str(debug_dir)}
+
+
+def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str, str]) -> Launch:
+    """Check the keys and build torchrun's arguments (nothing is started, nothing written)."""
+    values = resolve_keys(args.keys, mode, environ, cluster)
+    gpus, gpu_env = check_gpus(values)
+    if not values["NPROC_PER_NODE"]:
+        values["NPROC_PER_NODE"] = str(gpus if gpus is not None else (visible_gpu_count() or 2))
+    nproc = whole_number(values, "NPROC_PER_NODE", 1)
+    max_restarts = whole_number(values, "MAX_RESTARTS", 0) if "MAX_RESTARTS" in values else 0  # comm: never
+    shutdown = whole_number(values, "SHUTDOWN_TIMEOUT_S", 0)
+    launch = Launch(mode, values, nproc, gpus)
+    launch.env = {**worker_environment(environ), **gpu_env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown)}
+    if values.get("DEBUG", "0") not in ("0", "1"):
+        raise LaunchError(f"DEBUG={values['DEBUG']}: give DEBUG=1 (diagnose a hang) or DEBUG=0")
+    if values.get("DEBUG") == "1":
+        launch.env.update(debug_environment(environ))
+    common = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
+    if mode == "multi" or (mode == "comm" and values["NODE_RANK"]):
+        launch.torchrun_args = common + multi_node_args(values, launch.env)
+    else:
+        launch.torchrun_args = ["--standalone", *common]
+        launch.env.update(loopback_only(environ))
+    launch.torchrun_args += args.torchrun_flags
+    return launch
+
+
+def loopback_only(environ: dict[str, str]) -> dict[str, str]:
+    """A job on one node listens on 127.0.0.1 alone: torchrun's store (agent.py), gloo's and NCCL's
+    sockets (unless the user chose their interfaces)."""
+    interface = interface_of("127.0.0.1") or "lo"
+    own = {name: environ.get(name) or interface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    return {STORE_ADDRESS_ENV: "127.0.0.1", **own}
+
+
+def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
+    """Check the multi-node keys; torchrun's rendezvous arguments."""
+    if not values["NODE_RANK"]:
+        raise LaunchError("NODE_RANK is required: NODE_RANK=0 on the first node, 1, 2, ... on the others")
+    node_rank = whole_number(values, "NODE_RANK", 0)
+    whole_number(values, "WAIT_FOR_MASTER_S", 0)
+    whole_number(values, "WAIT_FOR_NODES_S", 1)
+    last_call = whole_number(values, "RDZV_LAST_CALL_S", 0)
+    port = whole_number(values, "MASTER_PORT", 1)
+    if port > 65535:
+        raise LaunchError(f"MASTER_PORT={port} is outside 1..65535")
+    nnodes = values["NNODES"]
+    if match := re.fullmatch(r"([0-9]+):([0-9]+)", nnodes):
+        min_nodes, max_nodes = int(match.group(1)), int(match.group(2))
+        if min_nodes < 1:
+            raise LaunchError(f"NNODES={nnodes}: MIN must be at least 1")
+        if min_nodes > max_nodes:
+            raise LaunchError(f"NNODES={nnodes}: MIN is larger than MAX; give NNODES=MIN:MAX with MIN <= MAX")
+    else:
+        max_nodes = whole_number(values, "NNODES", 1)
+    if node_rank >= max_nodes:
+        raise LaunchError(f"NODE_RANK={node_rank} is outside 0..{max_nodes - 1} for NNODES={nnodes}")
+    if not values["MASTER_ADDR"]:
+        if node_rank != 0:
+            raise LaunchError(
+                f"MASTER_ADDR is required on node {node_rank}: give node 0's address, e.g. MASTER_ADDR=node001"
+            )
+        values["MASTER_ADDR"] = socket.gethostname()
+    address = values["MASTER_ADDR"]
+    try:
+        socket.getaddrinfo(address, port)
+    except OSError:
+        raise LaunchError(
+            f"MASTER_ADDR={address} does not resolve on this machine: give node 0's address as every node "
+            "can reach it (an IP address, or a name in DNS or /etc/hosts)"
+        ) from None
+    # One run dir name on every node without typing it: the rendezvous point names the run.
+    name = values.get("RUN_NAME") or f"multi_{address}_{port}"
+    values["RUN_NAME"] = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    args = []
+    if values["LOCAL_ADDR"]:  # this node's own address: where its stores listen, not every interface
+        args.append(f"--local-addr={values['LOCAL_ADDR']}")
+        env[STORE_ADDRESS_ENV] = values["LOCAL_ADDR"]
+        interface = interface_of(values["LOCAL_ADDR"])
+        if interface:  # gloo and NCCL take their interface from the hostname, which may resolve to loopback
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                env[name] = os.environ.get(name) or interface
+    if ":" not in nnodes:
+        return [*args, f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={address}",
+                f"--master-port={port}"]  # fmt: skip
+    # Elastic: node 0 hosts the c10d rendezvous; nodes may join (the job restarts with the larger
+    # world and resumes) and leave (it goes on with the smaller one, down to MIN). Workers get a
+    # fresh store every round: torchrun's shared store keeps the last round's keys.
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return [*args, f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={address}:{port}",
+            f"--rdzv-id={values['RUN_NAME']}",
+            f"--rdzv-conf=is_host={int(node_rank == 0)},last_call_timeout={last_call}"]  # fmt: skip
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds `address` (Linux, `ip -o -4 addr`), or None."""
+    try:
+        listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[3].split("/")[0] == address:
+            return parts[1]
+    return None

@@ -1,0 +1,83 @@
+"""The nodes' meeting point: node 0 must own MASTER_PORT, the other nodes wait for it (bounded), and
+a node waits a bounded, spoken time for all the nodes to join torchrun's rendezvous (NodeWait)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .keys import LaunchError
+from .plan import Launch
+
+
+def require_free_port(port: int) -> None:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError:
+            raise LaunchError(
+                f"MASTER_PORT={port} is already in use on this machine: pick another, e.g. MASTER_PORT={port + 1}"
+            ) from None
+
+
+def wait_for_master(address: str, port: int, seconds: int) -> None:
+    """A bounded wait until node 0 listens, then a hint."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=2).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"node 0 is not reachable at {address}:{port} after {seconds} s: start node 0 first, check "
+                    f"MASTER_ADDR and MASTER_PORT, and test with: nc -zv {address} {port}"
+                ) from None
+            time.sleep(1)
+
+
+def check_rendezvous(launch: Launch) -> None:
+    """Node 0 must own MASTER_PORT; the other nodes wait for it (bounded)."""
+    if "--standalone" in launch.torchrun_args:
+        return
+    values = launch.values
+    if values["NODE_RANK"] == "0":
+        require_free_port(int(values["MASTER_PORT"]))
+    else:
+        wait_for_master(values["MASTER_ADDR"], int(values["MASTER_PORT"]), int(values["WAIT_FOR_MASTER_S"]))
+
+
+@dataclass
+class NodeWait:
+    """A node's bounded, spoken wait for the others to join the rendezvous."""
+
+    values: dict[str, str]
+    done: bool = False
+    told: bool = False
+
+    def overdue(self, waited: float) -> bool:
+        limit = int(self.values["WAIT_FOR_NODES_S"])
+        if not self.told and waited >= min(10.0, limit):
+            self.told = True
+            print(f"waiting for all of NNODES={self.values['NNODES']} nodes to join at {self.values['MASTER_ADDR']}:"
+                  f"{self.values['MASTER_PORT']} (up to WAIT_FOR_NODES_S={limit} s)", flush=True)  # fmt: skip
+        return waited >= limit
+
+    def give_up(self) -> str:
+        values = self.values
+        return (
+            f"not all NNODES={values['NNODES']} nodes joined node {values['NODE_RANK']}'s rendezvous at "
+            f"{values['MASTER_ADDR']}:{values['MASTER_PORT']} within WAIT_FOR_NODES_S={values['WAIT_FOR_NODES_S']} s: "
+            "start the others with the same command and their NODE_RANK, or lower NNODES"
+        )
+
+
+def has_children(pid: int) -> bool:
+    """Whether a process has children (Linux: /proc); True where that cannot be told."""
+    try:
+        return any((task / "children").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return True

@@ -1,0 +1,122 @@
+"""How the run dir is chosen: one dir per job, shared by every rank and every restart.
+
+Hydra's usual `outputs/${now:...}` is evaluated in each process, so the ranks of one job
+(started a few milliseconds apart) and every torchrun restart would each get a dir of their
+own, and a restarted job would not find its checkpoints. The run dir is therefore:
+
+1. `hydra.run.dir=...` when given (the launch scripts always give it);
+2. under torchrun, `outputs/torchrun_<TORCHELASTIC_RUN_ID>`: the same for all ranks and all
+   restarts (with --standalone the id is a fresh uuid per launch; with --rdzv-id it is yours);
+3. without torchrun (`python train.py`), a timestamped dir as usual.
+
+The markers the workers leave for the launcher, and `.hydra/` (written here, redacted), are part of
+this contract too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from .redaction import redact, redact_text
+
+OUTPUT_ROOT = "outputs"  # where new run dirs go, below the project (or the launch's working dir)
+# A run dir's own files and folders (besides what a sink of observe/sinks/ keeps there).
+CHECKPOINTS_DIR = "checkpoints"  # step_<N>.pt, step_<N>/, config.yaml
+LOGS_DIR = "logs"  # rank_<R>.log, samples_rank_<R>.jsonl
+METRICS_FILE = "metrics.jsonl"  # a JSON record per log interval and per evaluation
+DEBUG_DIR = "debug"  # DEBUG=1: every rank's stacks, NCCL's logs and flight recorder
+PROFILE_DIR = "profile"  # trainer.profile_steps: torch.profiler traces
+LOCK_FILE = ".lock"  # held by the launcher for the whole job (.lock.node<N> on many nodes)
+
+# What the workers tell the launcher, as files: the run dir's (for anyone watching the run) and the
+# launcher's control dir, CONTROL_DIR_ENV, in memory where it can (/dev/shm): a full disk, or a run dir
+# that does not exist yet, must not silence a worker's last word.
+STOPPED_MARKER = ".stopped"  # the signal that stopped the job, after its checkpoint
+FAILED_MARKER = ".failed"  # the one line of an error no restart can fix; a second line: the exit code
+REFUSED = "refused"  # FAILED_MARKER's third line when the workers' start checks refused the job
+FINISHED_MARKER = ".finished"  # training ran to its end (a stop signal after that changes nothing)
+MARKERS = (STOPPED_MARKER, FAILED_MARKER, FINISHED_MARKER)
+CONTROL_DIR_ENV = "TRAIN_CONTROL_DIR"
+DEBUG_DIR_ENV = "TRAIN_DEBUG_DIR"  # set by the launcher under DEBUG=1: <run dir>/debug
+STORE_ADDRESS_ENV = "TRAIN_STORE_ADDRESS"  # where torchrun's stores listen (agent.py); unset: every interface
+
+
+def marker_dirs(run_dir: Path | None, control_dir: Path | None = None) -> list[Path]:
+    """Where a marker is written and looked for: the launcher's control dir (given, or as the workers
+    have it from their environment) first, then the run dir."""
+    control = control_dir or os.environ.get(CONTROL_DIR_ENV)
+    return [Path(folder) for folder in (control, run_dir) if folder]
+
+
+def write_marker(run_dir: Path | None, name: str, text: str) -> bool:
+    """Write a marker atomically wherever it can; whether any copy was written."""
+    written = False
+    for folder in marker_dirs(run_dir):
+        tmp = folder / f"{name}.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, folder / name)
+            written = True
+        except OSError:  # that disk is full or gone: the other copy says it
+            tmp.unlink(missing_ok=True)
+    return written
+
+
+def read_marker(run_dir: Path | None, name: str, control_dir: Path | None = None) -> str | None:
+    """A marker's text (its first copy found), or None."""
+    for folder in marker_dirs(run_dir, control_dir):
+        try:
+            return (folder / name).read_text()
+        except OSError:
+            continue
+    return None
+
+
+def clear_markers(run_dir: Path | None, control_dir: Path | None = None) -> None:
+    """Before a job starts: the markers of the last one go."""
+    for folder in marker_dirs(run_dir, control_dir):
+        for name in MARKERS:
+            (folder / name).unlink(missing_ok=True)
+
+
+def job_run_dir() -> str:
+    """The run dir when none is given: see the module docstring."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return os.path.join(OUTPUT_ROOT, f"torchrun_{run_id}")
+    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Static rendezvous without an id: nothing job-wide to build a name from.
+        return os.path.join(OUTPUT_ROOT, "torchrun_job")
+    return os.path.join(OUTPUT_ROOT, time.strftime("%Y-%m-%d_%H-%M-%S"))
+
+
+def register_resolvers() -> None:
+    """Register the resolver that configs/train.yaml uses under `hydra:`."""
+    OmegaConf.register_new_resolver("job_run_dir", job_run_dir, replace=True)
+
+
+def write_hydra_record(run_dir: Path, cfg: Any, hydra_cfg: Any) -> None:
+    """`.hydra/`: the composed config, the overrides and Hydra's own settings, as Hydra would write
+    them (configs/train.yaml turns Hydra's writing off), with credentials redacted. Rank 0 only."""
+    folder = run_dir / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = [redact_override(item) for item in hydra_cfg.overrides.task]
+    hydra = {**OmegaConf.to_container(hydra_cfg, resolve=False), "overrides": {"task": overrides}}  # type: ignore[dict-item]
+    records = {
+        "config.yaml": redact(OmegaConf.to_container(cfg, resolve=False)),
+        "overrides.yaml": overrides,
+        "hydra.yaml": {"hydra": redact(hydra)},
+    }
+    for name, record in records.items():
+        (folder / name).write_text(OmegaConf.to_yaml(OmegaConf.create(record)))
+
+
+def redact_override(item: str) -> str:
+    """One command-line override (`key=value`), its secret hidden."""
+    key, equals, value = item.partition("=")
+    return f"{key}{equals}{redact(value, key)}" if equals else redact_text(item)
