@@ -44,8 +44,8 @@ EXPECTED_FILES = template_files()
 REMOVED = removed_by_hook()
 # ...and words that must then appear in no generated file, in any case.
 TRACES = {
-    ("tensorboard", "no"): ["sinks/tensorboard", "sinks.tensorboard", "SummaryWriter", "log.tensorboard", "tensorboard>=",
-                            "tb/"],
+    ("tensorboard", "no"): ["sinks/tensorboard", "sinks.tensorboard", "SummaryWriter", "log.tensorboard",
+                            "tensorboard>=", "tb/"],
     ("slurm", "no"): ["sbatch", "local_slurm", "SLURM_"],
     ("license", "none"): ["license = ", "Permission is hereby granted", "Apache License"],
     ("mlflow", "no"): ["mlflow"],

@@ -16,7 +16,7 @@ from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
 
 TINY = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=48", "data.val_size=16",
-        "data.batch_size=16", "data.image_size=8", "trainer.epochs=1"]  # fmt: skip
+        "data.batch_size=16", "data.image_size=8", "trainer.epochs=1", "task=classification"]  # fmt: skip
 
 
 @pytest.mark.parametrize("legacy", [["--local-rank=0"], ["--local_rank", "0"]])

@@ -8,7 +8,7 @@ import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .config import config_dir
+from .config import config_dir, let_group_keys_through
 from .engine.entry import prepare, run_eval
 from .processes import exit_now
 
@@ -22,6 +22,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
 def main() -> None:
     """The process's entry (console script, `python -m`, eval.py beside the package)."""
     prepare(sys.argv)
+    let_group_keys_through(sys.argv)  # data.val_size=5 goes to the checkpoint's data group
     evaluate_checkpoint()
     exit_now(0)  # evaluated and printed: no seconds of interpreter teardown
 

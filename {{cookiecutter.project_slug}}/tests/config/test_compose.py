@@ -60,3 +60,25 @@ def test_an_evaluations_data_override_reaches_the_checkpoints_data_set_or_is_ref
         saved["data"]["dataset"]["val_size"] = 8  # the run set the data set's own key, not data.val_size
         with pytest.raises(ConfigError, match=r"^data.val_size: the checkpoint's data set does not take data.val_size"):
             compose_for_checkpoint(saved, ["ckpt_path=x.pt", "data.val_size=5"])
+
+
+def test_an_evaluation_reaches_the_checkpoints_groups_whatever_the_default_groups_hold() -> None:
+    """The default data group (cifar10 in some bakes) may lack data.val_size: an evaluation's
+    data.val_size=5 still reaches the checkpoint's synthetic set, and a key its group lacks is refused."""
+    from hydra import initialize_config_dir
+
+    from {{cookiecutter.package_name}}.config import compose_for_checkpoint, config_dir, let_group_keys_through
+
+    argv = ["eval.py", "ckpt_path=x.pt", "data.val_size=5", "model=small_cnn", "model.width=4", "seed=3", "+a.b=1"]
+    let_group_keys_through(argv)
+    assert argv[2:] == ["++data.val_size=5", "model=small_cnn", "model.width=4", "seed=3", "+a.b=1"]
+    saved = to_plain_dict(
+        to_train_config(compose_config(["data=synthetic", "data.val_size=16", "task=classification"]))
+    )
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        evaluated = compose_for_checkpoint(saved, ["ckpt_path=x.pt", "data=cifar10"])
+        assert evaluated.data.root, "a whole group given is the default's group, not the checkpoint's"
+        evaluated = compose_for_checkpoint(saved, ["ckpt_path=x.pt", "++data.val_size=5", "++data.image_size=8"])
+        assert evaluated.data.dataset.val_size == 5 and evaluated.data.dataset.image_size == 8
+        with pytest.raises(ConfigError, match=r"^data.no_such_key: the checkpoint's data has no such key"):
+            compose_for_checkpoint(saved, ["ckpt_path=x.pt", "++data.no_such_key=5"])

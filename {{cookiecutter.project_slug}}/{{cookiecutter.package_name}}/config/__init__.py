@@ -8,6 +8,7 @@ from __future__ import annotations
 from .compose import (
     CONFIG_GROUPS,
     compose_for_checkpoint,
+    let_group_keys_through,
     register_configs,
     to_plain_dict,
     to_train_config,
@@ -43,6 +44,7 @@ __all__ = [
     "TrainerConfig",
     "compose_for_checkpoint",
     "config_dir",
+    "let_group_keys_through",
     "register_configs",
     "require_choice",
     "step_range",

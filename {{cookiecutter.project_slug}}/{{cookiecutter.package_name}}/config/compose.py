@@ -89,9 +89,17 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> 
     groups (model, data, optim, task) come back whole, as the checkpoint holds them.
     """
     from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     given = {item.split("=", 1)[0].lstrip("+~") for item in user_overrides if "=" in item}
-    composed = compose(config_name="eval", overrides=list(user_overrides))
+    # A dotted key into a group the checkpoint brings (data.val_size=5) is applied to the checkpoint's
+    # group, not to the default one the eval config would compose (which may not even have the key).
+    parsed = OverridesParser.create().parse_overrides(list(user_overrides))
+    into_saved = [
+        item for item in parsed if not item.is_delete() and into_a_saved_group(item.key_or_group, given, saved)
+    ]
+    rest = [line for item, line in zip(parsed, user_overrides, strict=True) if item not in into_saved]
+    composed = compose(config_name="eval", overrides=rest)
     merged = composed.copy()
     for section, value in saved.items():
         if section in given or section not in composed:
@@ -100,11 +108,40 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> 
             merged[section] = value
         else:
             merged = OmegaConf.merge(merged, {section: value})  # type: ignore[assignment]
-    for key in given:  # a dotted override (data.batch_size=...) keeps the user's value
-        if "." in key and key.split(".", 1)[0] not in given:
+    for key in given:  # a dotted override (trainer.eval_batches=...) keeps the user's value
+        if "." in key and key.split(".", 1)[0] not in given and key.split(".", 1)[0] not in CONFIG_GROUPS:
             OmegaConf.update(merged, key, OmegaConf.select(composed, key), merge=False)
-            reach_the_data_set(merged, saved, key)
+    for item in into_saved:
+        key = item.key_or_group
+        if OmegaConf.select(merged, key, default=MISSING_KEY) is MISSING_KEY and not item.is_add():
+            # (++, from let_group_keys_through, is a plain `key=value` of the user's)
+            group = key.split(".", 1)[0]
+            raise ConfigError(
+                f"{key}: the checkpoint's {group} has no such key: see its config.yaml, or add it with +{key}"
+            )
+        OmegaConf.update(merged, key, item.value(), merge=True, force_add=True)
+        reach_the_data_set(merged, saved, key)
     return merged
+
+
+MISSING_KEY = object()
+
+
+def let_group_keys_through(argv: list[str]) -> None:
+    """Before Hydra composes eval.yaml: `data.val_size=5` is a key of the checkpoint's data group, which
+    the default group eval.yaml composes may lack. `++` lets Hydra's compose through; compose_for_checkpoint
+    then applies it to the checkpoint's group (and refuses a key that group does not have)."""
+    whole = {arg.split("=", 1)[0] for arg in argv[1:] if "=" in arg and "." not in arg.split("=", 1)[0]}
+    for index, arg in enumerate(argv[1:], start=1):
+        key = arg.split("=", 1)[0]
+        group = key.split(".", 1)[0]
+        if "=" in arg and "." in key and group in CONFIG_GROUPS and group not in whole and key[0] not in "+~-":
+            argv[index] = f"++{arg}"
+
+
+def into_a_saved_group(key: str, given: set[str], saved: dict[str, Any]) -> bool:
+    group = key.split(".", 1)[0]
+    return "." in key and group in CONFIG_GROUPS and group in saved and group not in given
 
 
 LOADER_KEYS = ("batch_size", "num_workers", "augment", "on_device")  # what the loader reads of data.*
