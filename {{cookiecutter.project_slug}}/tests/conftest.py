@@ -45,3 +45,18 @@ def in_process(monkeypatch, fresh_logging) -> Iterator[list[int]]:
         monkeypatch.delenv(name, raising=False)
     yield exits
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def s3_server(monkeypatch) -> Iterator:
+    """A real S3 API on 127.0.0.1 (tests/object_store.py), its credentials in this process's
+    environment as a user's would be; stopped after the test."""
+    from .object_store import start_s3_server
+
+    server = start_s3_server()
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -6,7 +6,7 @@ What your own model, data set or task may rely on, importable from the package i
 - `Task`: the interface of a `task._target_` (loss and metrics per sample), tasks.py.
 - `seeded_by_sample`, `sample_generator`, `current_sample`: randomness drawn per sample, so that a
   resume repeats it bit for bit at any number of processes, randomness.py.
-- `TensorImages`, `normalise`: an in-memory image data set, datasets.py.
+- `TensorImages`, `normalise`: an in-memory image data set, datasets/images.py.
 
 They load on first use: `import {{ cookiecutter.package_name }}` costs no torch import (the launcher's
 start-up).

@@ -156,10 +156,13 @@ class CheckpointConfig:
     keep_last: int = MISSING
     resume: str = MISSING
     allow_changes: list[str] = MISSING
+    dir: str = ""  # where checkpoints go: "" for <run dir>/checkpoints, a folder, or s3://bucket/prefix
+    store_retry_s: float = 120.0  # a failing store is retried this long, then the job stops (store.py)
 
     def check(self) -> None:
         require(self.every_n_steps >= 0, f"checkpoint.every_n_steps must be >= 0, got {self.every_n_steps}")
         require_positive("checkpoint.keep_last", self.keep_last)
+        require_positive("checkpoint.store_retry_s", self.store_retry_s)
 
 
 class LogConfig(dict):

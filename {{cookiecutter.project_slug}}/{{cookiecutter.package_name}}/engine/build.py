@@ -16,7 +16,8 @@ from ..observe.logs import MetricsLog
 from ..observe.profiling import build_profiler
 from ..observe.sinks import build_sinks
 from ..placement import DistEnv
-from ..run_dir import CHECKPOINTS_DIR, LOGS_DIR, METRICS_FILE
+from ..run_dir import LOGS_DIR, METRICS_FILE
+from .checkpoint.files import local_folder
 from .checkpoint.manager import CheckpointManager
 from .components import build_model, build_optimizer, build_task
 from .data import build_data
@@ -55,8 +56,10 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)
     owners = [state, runner, *(sink for sink in sinks if hasattr(sink, "state_dict")), generators]  # generators last
     plain_config = to_plain_dict(config)
-    checkpoints = CheckpointManager(run_dir / CHECKPOINTS_DIR, config.checkpoint, env, strategy, owners, plain_config,
-                                    config.trainer.epochs)  # fmt: skip
+    folder = local_folder(run_dir, config.checkpoint)  # checkpoint.dir, or the run dir's checkpoints/
+    checkpoints = CheckpointManager(
+        folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs
+    )
     trainer = Trainer(
         config=config,
         env=env,

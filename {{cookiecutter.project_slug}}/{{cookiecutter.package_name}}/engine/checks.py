@@ -24,8 +24,9 @@ from ..errors import ConfigError, first_line
 from ..observe.sinks import check_sinks
 from ..placement import BackendChoice, DistEnv
 from ..randomness import building_sample
-from ..run_dir import CHECKPOINTS_DIR, OUTPUT_ROOT
+from ..run_dir import OUTPUT_ROOT
 from .batch import model_forward
+from .checkpoint.files import local_folder
 from .checkpoint.manager import check_resume
 from .checkpoint.writer import Checkpointer
 from .components import build_datasets, build_model, build_optimizer, build_task
@@ -40,8 +41,8 @@ def check_launch(config: TrainConfig, run_dir: Path | None, env: DistEnv, choice
     model = check_components(config)
     check_memory(env, choice.use_cuda, weight_bytes(model))
     check_room_for_checkpoints(run_dir if run_dir is not None else Path(OUTPUT_ROOT), model)
-    folder = (run_dir if run_dir is not None else Path(OUTPUT_ROOT) / "(new run)") / CHECKPOINTS_DIR
-    checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False)
+    folder = local_folder(run_dir if run_dir is not None else Path(OUTPUT_ROOT) / "(new run)", config.checkpoint)
+    checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False, fetches=True)
     checkpoints.refuse_to_overwrite()
     check_resume(checkpoints.find_resume_payload(), to_plain_dict(config), config.trainer.epochs)
     return model

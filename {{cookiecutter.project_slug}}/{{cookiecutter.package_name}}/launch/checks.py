@@ -70,8 +70,10 @@ def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Pat
     """What the launcher checks before torchrun, in well under a second: the config as the workers
     will compose it, the backend for this launch's processes and GPUs, the run dir (its `${...}`
     resolved as the workers would), and whether this machine holds that many workers' start
-    (warned where they outnumber the cores). Returns the run dir."""
-    cfg, _ = checked_config(overrides, launch)
+    (warned where they outnumber the cores), and that an object store for the checkpoints answers.
+    Returns the run dir."""
+    cfg, config = checked_config(overrides, launch)
+    check_store(config.checkpoint.dir)
     run_dir = resolved_run_dir(run_dir, cfg)
     on_gpus = (launch.gpus if launch.gpus is not None else visible_gpu_count()) > 0
     if refusal := check_processes_fit(launch.nproc, WORKER_START_BYTES, on_gpus, available_memory()):
@@ -79,6 +81,19 @@ def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Pat
     if warning := too_many_for_the_cores(launch.nproc, on_gpus):
         say(warning, err=True)
     return run_dir
+
+
+def check_store(url: str) -> None:
+    """An object store for the checkpoints that does not answer: one line now, not a job that trains
+    and then cannot save."""
+    from ..errors import ConfigError
+    from ..storage import check_reachable, is_remote
+
+    if is_remote(url):
+        try:
+            check_reachable(url, "checkpoint.dir")
+        except ConfigError as error:
+            raise LaunchError(str(error)) from None
 
 
 def resolved_run_dir(run_dir: Path | None, cfg) -> Path | None:  # noqa: ANN001 (a DictConfig)

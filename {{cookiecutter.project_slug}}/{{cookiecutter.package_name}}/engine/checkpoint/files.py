@@ -22,12 +22,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...config import CheckpointConfig
 from ...errors import ConfigError
+from ...run_dir import CHECKPOINTS_DIR
+from ...storage import is_remote
 
 FORMAT_VERSION = 1  # what this code writes; a checkpoint of a newer one is refused (check_format_version)
 NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards (fsdp)
 TMP_PREFIX = ".tmp_"
 TRAINER_FILE, METADATA_FILE = "trainer.pt", ".metadata"  # in a folder of shards: all but the tensors; DCP's
+
+
+def local_folder(run_dir: Path, config: CheckpointConfig) -> Path:
+    """Where this machine writes the checkpoints: `checkpoint.dir` where it is a folder, else the run
+    dir's checkpoints/ (with an object store, the copy that goes up: store.py)."""
+    return Path(config.dir) if config.dir and not is_remote(config.dir) else run_dir / CHECKPOINTS_DIR
 
 
 def checkpoint_name(step: int) -> str:

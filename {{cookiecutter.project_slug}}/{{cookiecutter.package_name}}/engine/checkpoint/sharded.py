@@ -162,11 +162,18 @@ def load_weights(path: Path, model: nn.Module) -> None:
     model.load_state_dict(state["model"])
 
 
+def shard_files(folder: Path) -> list[str]:
+    """The shard files a folder's `.metadata` names: those of every rank."""
+    with open(folder / METADATA_FILE, "rb") as file:
+        metadata = MetadataUnpickler(file).load()
+    return sorted({info.relative_path for info in metadata.storage_data.values()})
+
+
 class ShardedCheckpointer(Checkpointer):
     """Saves with every rank in the background; rank 0 commits. Finding and pruning as the base."""
 
     def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool) -> None:
-        super().__init__(folder, config, is_writer)
+        super().__init__(folder, config, is_writer, fetches=True)  # every rank reads its part of a resume
         # DCP's collectives in the background must not interleave with training's: their own group.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._future: Any = None
@@ -195,12 +202,19 @@ class ShardedCheckpointer(Checkpointer):
         try:
             started = time.perf_counter()
             self._future.result()  # every rank's shards and then the metadata are written
+            if self.store is not None:  # each rank sends its own shards up (no file system is shared)
+                rank = dist.get_rank() if dist.is_initialized() else 0
+                mine = [name for name in os.listdir(tmp) if name.startswith(f"__{rank}_")]
+                self.store.upload(tmp, final.name, [*mine, *([METADATA_FILE] if self.is_writer else [])])
             if not self.is_writer:
                 return
             write_atomically(plain, tmp / TRAINER_FILE)
+            if self.store is not None:  # trainer.pt last, once every rank's shards are there: whole
+                self.store.wait_for(final.name, shard_files(tmp))
+                self.store.upload(tmp, final.name, [TRAINER_FILE])
             self.set_aside(final)  # one found unreadable and resumed past: renamed, not replaced
             os.replace(tmp, final)
             fsync_dir(self.folder)
-            self._written(final, step, started)
+            self._written(final, step, started, upload=False)
         except BaseException as error:  # re-raised on the training thread by wait()
             self._error = error

@@ -1,6 +1,7 @@
 """The writer of a run's checkpoints (a `step_<N>.pt` per checkpoint, by global rank 0), in the
 background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, found for a resume.
-The sharded strategies' writer (sharded.py) extends it."""
+The sharded strategies' writer (sharded.py) extends it. With `checkpoint.dir` an object store, each
+checkpoint goes up once whole and a resume brings the newest down (store.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from omegaconf import OmegaConf
 
 from ...config import CheckpointConfig
 from ...errors import ConfigError, JobError, first_line
+from ...storage import is_remote
 from .files import (
     TMP_PREFIX,
     NotACheckpoint,
@@ -27,6 +29,7 @@ from .files import (
     to_cpu,
     write_atomically,
 )
+from .store import CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +37,12 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     """Saves on global rank 0 in the background and finds the checkpoint to resume from."""
 
-    def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool) -> None:
+    def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool, fetches: bool | None = None) -> None:
         self.folder = folder
         self.config = config
         self.is_writer = is_writer
+        self.store = CheckpointStore(config.dir, config.store_retry_s) if is_remote(config.dir) else None
+        self.fetches = is_writer if fetches is None else fetches  # brings the store's checkpoint down to resume
         self.last_saved_step: int | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -80,14 +85,18 @@ class Checkpointer:
         except BaseException as error:  # re-raised on the training thread by wait()
             self._error = error
 
-    def _written(self, path: Path, step: int, started: float) -> None:
-        """On the writer thread, once a checkpoint is complete under its name: count it, tell the
-        callbacks, prune."""
+    def _written(self, path: Path, step: int, started: float, upload: bool = True) -> None:
+        """On the writer thread, once a checkpoint is complete under its name: up to the store (if
+        any), count it, tell the callbacks, prune."""
+        if self.store is not None and upload:
+            self.store.upload(path, path.name)
         self._valid.add(path)
         log.info("saved checkpoint %s (written in %.2f s)", path, time.perf_counter() - started)
         for callback in self.on_written:
             callback(step)
         self.prune()
+        if self.store is not None:
+            self.store.prune(self.config.keep_last)
 
     def prune(self) -> None:
         """Keep the newest `keep_last` valid checkpoints. A file that is not one (unreadable, cut
@@ -132,6 +141,8 @@ class Checkpointer:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, JobError):  # the store's, after its retries: one line already
+                raise error
             if not is_storage_error(error):  # a peer lost during a collective save: torchrun restarts, resumes
                 raise RuntimeError(f"writing checkpoint {self._writing} failed: {first_line(error)}") from error
             raise JobError(
@@ -167,21 +178,36 @@ class Checkpointer:
         return found
 
     def newest_readable(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
+        if self.store is not None:  # the store's checkpoints, brought down on first use; others get it sent
+            names = self.store.names() if self.fetches else []
+            paths = (self.folder / name for name in names if self.folder / name not in skip)
+            return next(filter(None, (self.readable(self.store.download(path.name, self.folder)) for path in paths)),
+                        None)  # fmt: skip
         for path in list_checkpoints(self.folder):
             if path in skip:
                 continue
-            try:
-                return path, load_checkpoint(path)
-            except Exception as error:  # truncated or corrupt: fall back to the next older one
-                log.warning("skipping unreadable checkpoint %s (%s); trying an older one", path, error)
+            if found := self.readable(path):
+                return found
         return None
+
+    def readable(self, path: Path) -> tuple[Path, dict[str, Any]] | None:
+        try:
+            return path, load_checkpoint(path)
+        except Exception as error:  # truncated or corrupt: fall back to the next older one
+            log.warning("skipping unreadable checkpoint %s (%s); trying an older one", path, error)
+            return None
 
     def refuse_to_overwrite(self) -> None:
         """checkpoint.resume=never must not write over a run's checkpoints: refuse at launch."""
-        existing = list_checkpoints(self.folder)
-        if self.config.resume == "never" and existing:
+        if self.config.resume != "never":
+            return
+        existing = [path.name for path in list_checkpoints(self.folder)]
+        where = self.folder
+        if self.store is not None and not existing:
+            existing, where = self.store.names(), self.store.shown
+        if existing:
             raise ConfigError(
-                f"checkpoint.resume=never but {self.folder} already holds checkpoints ({existing[0].name}); "
+                f"checkpoint.resume=never but {where} already holds checkpoints ({existing[0]}); "
                 "start a new run dir (leave RUN_DIR out) or use checkpoint.resume=auto to continue it"
             )
 

@@ -1,4 +1,5 @@
-"""datasets.py: the built-in data sets, read from their own formats; trees that would fail mid-epoch refused."""
+"""datasets/images.py: the built-in image sets, read from their own formats; trees that would fail mid-epoch
+refused."""
 
 from __future__ import annotations
 
@@ -6,12 +7,11 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.datasets import stdlib_sources, text
 from {{cookiecutter.package_name}}.engine.components import build_datasets
 from {{cookiecutter.package_name}}.engine.data import build_data
 from {{cookiecutter.package_name}}.errors import ConfigError
 
-from .helpers import compose_config, cpu_env, write_cifar, write_image_tree
+from ..helpers import compose_config, cpu_env, write_cifar, write_image_tree
 
 
 def test_synthetic_set_is_made_from_the_seed() -> None:
@@ -83,21 +83,3 @@ def test_an_image_tree_that_would_fail_mid_epoch_is_refused_naming_the_folder_or
     with pytest.raises(ConfigError) as error:
         build_datasets(config.data.dataset)
     assert expected in str(error.value) and "\n" not in str(error.value)
-
-
-def test_text_splits_the_corpus_by_file_and_draws_windows_per_sample() -> None:
-    files = stdlib_sources()
-    assert len(files) > 100 and all(path.suffix == ".py" for path in files)
-    train, val = text(None, block_size=64, train_samples=10, val_samples=5)
-    assert len(train.data) > 3 * len(val.data) > 0, "every 10th file is validation"
-    from {{cookiecutter.package_name}}.randomness import building_sample
-
-    with building_sample(0, 1, 3):
-        x, y = train[3]
-    with building_sample(0, 1, 3):
-        again, _ = train[3]
-    with building_sample(0, 2, 3):
-        other, _ = train[3]
-    assert x.shape == y.shape == (64,) and torch.equal(x[1:], y[:-1])
-    assert torch.equal(x, again) and not torch.equal(x, other), "a window is a function of (seed, epoch, index)"
-    assert torch.equal(val[2][0], val[2][0])

@@ -1,16 +1,10 @@
-"""The built-in data sets, each a `data.dataset._target_` that returns a (train, val) pair.
-
-Items are `(input, target)`. A user's own data set is a function like these in a file of their
-own (see the README, "Your own model and data"); the loaders, the resumable sampler and exact
-evaluation work for any map-style pair.
-"""
+"""The built-in image data sets: `synthetic_images`, `cifar10` (its own python format), `image_folder`
+(a folder per class); and TensorImages, an in-memory set of uint8 images any data set may return."""
 
 from __future__ import annotations
 
-import glob
 import os
 import pickle
-import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .errors import ConfigError
-from .randomness import current_sample, sample_seed
+from ..errors import ConfigError
 
 
 def normalise(images_uint8: torch.Tensor) -> torch.Tensor:
@@ -133,65 +126,3 @@ def check_image_tree(folder: Path, num_classes: int) -> None:
         empty = next((entry.path for entry in images if entry.stat().st_size == 0), None)
         if empty is not None:
             raise ConfigError(f"image_folder: {empty} is an empty file: replace or remove it")
-
-
-def stdlib_sources() -> list[Path]:
-    """The Python standard library's own .py files (tests and site-packages left out): a text
-    corpus every machine has."""
-    root = sysconfig.get_paths()["stdlib"]
-    return sorted(
-        Path(folder) / name
-        for folder, _, names in os.walk(root)
-        if "site-packages" not in folder and "test" not in folder
-        for name in names
-        if name.endswith(".py")
-    )
-
-
-def text_files(root: str | None) -> list[Path]:
-    """The corpus: a folder (every file below it), a glob pattern, or None for the stdlib's sources."""
-    if root is None:
-        return stdlib_sources()
-    if any(char in root for char in "*?["):
-        return sorted(Path(path) for path in glob.glob(root, recursive=True) if Path(path).is_file())
-    folder = Path(root)
-    if not folder.is_dir():
-        raise ConfigError(f"data.root={root} is neither a folder nor a glob pattern that matches files")
-    return sorted(path for path in folder.rglob("*") if path.is_file())
-
-
-class TextWindows(Dataset):
-    """Windows of block_size + 1 bytes of a corpus: (bytes, the same shifted by one) as int64.
-
-    Training windows start at a random offset drawn from the sample's (seed, epoch, index), so
-    each epoch sees `samples` fresh windows; evaluation windows are `samples` evenly spaced
-    ones, the same every time.
-    """
-
-    def __init__(self, data: torch.Tensor, block_size: int, samples: int, random_offsets: bool) -> None:
-        if len(data) < block_size + 2:
-            raise ConfigError(f"data.block_size={block_size} is longer than a text split of {len(data)} bytes")
-        self.data, self.block_size, self.samples, self.random_offsets = data, block_size, samples, random_offsets
-
-    def __len__(self) -> int:
-        return self.samples
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = len(self.data) - self.block_size - 1
-        start = sample_seed(*current_sample()) % starts if self.random_offsets else index * starts // self.samples
-        window = self.data[start : start + self.block_size + 1].long()
-        return window[:-1], window[1:]
-
-
-def text(
-    root: str | None, block_size: int, train_samples: int, val_samples: int, val_every: int = 10
-) -> tuple[TextWindows, TextWindows]:
-    """Bytes of local text files; every `val_every`-th file (sorted by path) is validation."""
-    files = text_files(root)
-    if len(files) < 2:
-        raise ConfigError(f"data.root={root}: found {len(files)} file(s); a text corpus needs at least 2")
-    splits: tuple[bytearray, bytearray] = (bytearray(), bytearray())
-    for number, path in enumerate(files):
-        splits[number % val_every == 0].extend(path.read_bytes())
-    train, val = (torch.frombuffer(split, dtype=torch.uint8) for split in splits)
-    return TextWindows(train, block_size, train_samples, True), TextWindows(val, block_size, val_samples, False)

@@ -1,0 +1,81 @@
+"""engine/checkpoint/store.py, against a real S3 API on 127.0.0.1 (moto's server): a checkpoint goes
+up whole, a resume on an empty disk brings the newest whole one down, pruning happens there too, and
+a store that stops answering is retried for a bounded time, then one line names the last one saved."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.config import CheckpointConfig
+from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
+from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
+from {{cookiecutter.package_name}}.errors import ConfigError, JobError
+from {{cookiecutter.package_name}}.storage import check_reachable
+
+
+def config(url: str, keep_last: int = 2, retry_s: float = 1.0) -> CheckpointConfig:
+    return CheckpointConfig(every_n_steps=1, keep_last=keep_last, resume="auto", allow_changes=[], dir=url,
+                            store_retry_s=retry_s)  # fmt: skip
+
+
+def state(step: int) -> dict:
+    return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step, "epoch": 0,
+            "samples_in_epoch": step}  # fmt: skip
+
+
+def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk(s3_server, tmp_path: Path) -> None:
+    url = f"{s3_server.bucket()}/runs/a"
+    check_reachable(url, "checkpoint.dir")  # what the launcher asks before torchrun (tests/test_storage.py)
+    with pytest.raises(ConfigError, match="^checkpoint.dir=s3://no-such-bucket/a: the store does not answer"):
+        check_reachable("s3://no-such-bucket/a", "checkpoint.dir")
+    writer = Checkpointer(tmp_path / "node0", config(url), is_writer=True)
+    for step in (1, 2, 3):
+        assert writer.save(step, state(step))
+        writer.wait()
+    store = CheckpointStore(url, retry_s=1.0)
+    assert store.names() == ["step_00000003.pt", "step_00000002.pt"], "keep_last=2, pruned in the store too"
+    # A folder of shards whose upload a kill cut short (no trainer.pt) is never taken, and goes with pruning.
+    fs = s3_server.filesystem()
+    fs.pipe(f"{url.removeprefix('s3://')}/step_00000009/__0_0.distcp", b"cut")
+    fs.pipe(f"{url.removeprefix('s3://')}/step_00000001/__0_0.distcp", b"old and cut")
+    assert store.names()[0] == "step_00000003.pt"
+    store.prune(2)
+    assert not fs.exists(f"{url.removeprefix('s3://')}/step_00000001"), "a cut folder below the kept ones goes"
+    assert fs.exists(f"{url.removeprefix('s3://')}/step_00000009"), "one above may be an upload under way"
+
+    fresh = Checkpointer(tmp_path / "another_node", config(url), is_writer=True)  # an empty local disk
+    path, payload = fresh.find_resume_payload()
+    assert path == tmp_path / "another_node" / "step_00000003.pt" and payload["step"] == 3
+    assert torch.equal(payload["model"]["w"], torch.full((3,), 3.0))
+    assert not list((tmp_path / "another_node").glob(".tmp_*")), "downloads are renamed into place once whole"
+    other_rank = Checkpointer(tmp_path / "rank1", config(url), is_writer=False)
+    assert other_rank.find_resume_payload() is None, "ddp: rank 0 reads it and sends it (agree_on_checkpoint)"
+    never = Checkpointer(tmp_path / "new", CheckpointConfig(1, 2, "never", [], url), is_writer=False)
+    with pytest.raises(Exception, match=r"checkpoint.resume=never but s3://.* already holds checkpoints"):
+        never.refuse_to_overwrite()
+
+
+def test_a_store_that_stops_answering_is_retried_then_one_line_names_the_last_saved(
+    s3_server, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: ours are the point here
+    url = f"{s3_server.bucket()}/run"
+    writer = Checkpointer(tmp_path, config(url, retry_s=1.5), is_writer=True)
+    writer.save(1, state(1))
+    writer.wait()
+    s3_server.stop()
+    started = time.monotonic()
+    writer.save(2, state(2))
+    with pytest.raises(JobError) as stopped:
+        writer.wait()
+    waited = time.monotonic() - started
+    message = str(stopped.value)
+    assert 1.0 < waited < 20, f"retried for about checkpoint.store_retry_s, not forever ({waited:.1f} s)"
+    assert message.startswith(f"checkpoint.dir={url}: saving step_00000002.pt failed for 2 s"), message
+    assert f"the last checkpoint saved there: {url}/step_00000001.pt, intact" in message and "\n" not in message
+    assert s3_server.secret not in message
+    assert (tmp_path / "step_00000001.pt").is_file(), "the local copy of the last one stays too"

@@ -1,0 +1,34 @@
+"""The built-in data sets, each a `data.dataset._target_` that returns a (train, val) pair.
+
+Items are `(input, target)`. A user's own data set is a function like these in a file of their
+own (see the README, "Your own model and data"); the loaders, the resumable sampler and exact
+evaluation work for any map-style pair. One module per kind: images.py (synthetic, cifar10,
+image_folder), corpus.py (a text corpus read into memory).
+"""
+
+from __future__ import annotations
+
+from .corpus import TextWindows, stdlib_sources, text, text_files
+from .images import (
+    TensorImages,
+    check_image_tree,
+    cifar10,
+    image_folder,
+    normalise,
+    read_cifar_batches,
+    synthetic_images,
+)
+
+__all__ = [
+    "TensorImages",
+    "TextWindows",
+    "check_image_tree",
+    "cifar10",
+    "image_folder",
+    "normalise",
+    "read_cifar_batches",
+    "stdlib_sources",
+    "synthetic_images",
+    "text",
+    "text_files",
+]
