@@ -23,8 +23,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch import nn
 
-from {{cookiecutter.package_name}}.config import CheckpointConfig, register_configs, to_train_config
+from {{cookiecutter.package_name}}.config import CheckpointConfig, DataConfig, register_configs, to_train_config
+from {{cookiecutter.package_name}}.datasets import pad_sequences
 from {{cookiecutter.package_name}}.engine.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
@@ -155,18 +157,21 @@ def record_mutation_hits(hits: set[str]) -> None:
 # --- small data sets on disk, in the formats the project reads
 
 
-def write_image_tree(root: Path, classes: int, per_class: int) -> None:
-    """root/{train,val}/class_<k>/<i>.png: an image_folder data set of 20x24 random images."""
+def write_image_tree(
+    root: Path, classes: int, per_class: int, val_per_class: int | None = None, size: tuple[int, int] = (20, 24)
+) -> Path:
+    """root/{train,val}/class_<k>/<i>.png: an image_folder data set of random images (height, width = size)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    for split in ("train", "val"):
+    for split, count in (("train", per_class), ("val", per_class if val_per_class is None else val_per_class)):
         for label in range(classes):
             folder = root / split / f"class_{label}"
             folder.mkdir(parents=True)
-            for i in range(per_class):
-                pixels = rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)
+            for i in range(count):
+                pixels = rng.integers(0, 255, (*size, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
 
 
 def write_cifar(root: Path, per_file: int) -> None:
@@ -281,3 +286,35 @@ def quick_jobs(calls: list[list[str]], code: int = 0):
         return code
 
     return torchrun
+
+
+# --- items that do not stack: sequences of several lengths batched by a data.collate (engine/test_data.py,
+# test_evaluate.py, test_checks.py)
+
+
+def sequences(train_size: int = 9, val_size: int = 5) -> tuple[list, list]:
+    """(train, val) of (tokens, class) items: item i holds i % 4 + 1 tokens counting up from i, class i % 3."""
+
+    def items(count: int, first: int) -> list[tuple[torch.Tensor, int]]:
+        return [(torch.arange(first + i, first + i + i % 4 + 1), (first + i) % 3) for i in range(count)]
+
+    return items(train_size, 0), items(val_size, 50)
+
+
+def sequence_data(**keys: object) -> DataConfig:
+    """The data node of `sequences` in batches of 4, padded with 63 by pad_sequences; `keys` replace or add keys."""
+    collate = {"_target_": f"{pad_sequences.__module__}.pad_sequences", "pad_value": 63}
+    node = {"batch_size": 4, "dataset": {"_target_": f"{__name__}.sequences"}, "collate": collate, **keys}
+    return DataConfig.from_node(node)
+
+
+class BagOfTokens(nn.Module):
+    """A model for pad_sequences' batches: the mean embedding of a sequence's real tokens, then 3 classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag, self.head = nn.EmbeddingBag(64, 8, mode="sum"), nn.Linear(8, 3)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        real = (torch.arange(tokens.shape[1]) < lengths[:, None]).float()
+        return self.head(self.bag(tokens, per_sample_weights=real / lengths[:, None]))

@@ -15,7 +15,7 @@ from {{cookiecutter.package_name}}.engine import checks as checks_module
 from {{cookiecutter.package_name}}.engine.checks import check_components
 from {{cookiecutter.package_name}}.errors import ConfigError
 
-from ..helpers import check_launch_for, compose_config
+from ..helpers import BagOfTokens, check_launch_for, compose_config, sequence_data
 
 JOB = ["task=classification", "data=synthetic", "model=small_cnn"]
 
@@ -86,6 +86,29 @@ def test_a_target_that_cannot_work_is_refused_naming_the_key(override: str, mess
     with pytest.raises(ConfigError) as error:
         check_components(config)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def fails(items: list) -> None:
+    raise ValueError(f"cannot pad {len(items)} items")
+
+
+def test_items_that_do_not_stack_need_a_collate_that_works() -> None:
+    """Sequences of 1 and 4 tokens (the first and last of 8): the one batch the workers' start runs."""
+    config = to_train_config(compose_config(JOB))
+    config.model = {"_target_": f"{BagOfTokens.__module__}.BagOfTokens"}
+    dataset = {"_target_": sequence_data().dataset["_target_"], "train_size": 8}
+    config.data = sequence_data(dataset=dataset, collate=None)
+    does_not_stack = (
+        r"stack expects each tensor to be equal size.*\): .* or give data.collate \(docs/configuration.md\)$"
+    )
+    with pytest.raises(ConfigError, match=r"^data.dataset: cannot batch its items \(RuntimeError: " + does_not_stack):
+        check_components(config)
+    config.data = sequence_data(dataset=dataset, collate={"_target_": f"{__name__}.fails"})
+    failed = r"failed on a batch of 2 items \(ValueError: cannot pad 2 items\): it is called with a list of"
+    with pytest.raises(ConfigError, match=rf"^data.collate._target_={__name__}.fails {failed}"):
+        check_components(config)
+    config.data = sequence_data(dataset=dataset)  # pad_sequences
+    assert isinstance(check_components(config), BagOfTokens)
 
 
 def test_a_disk_without_room_for_checkpoints_is_refused_before_training(tmp_path: Path, monkeypatch) -> None:

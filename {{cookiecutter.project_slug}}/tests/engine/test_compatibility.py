@@ -30,6 +30,9 @@ def test_safe_changes_are_allowed_and_listed() -> None:
     assert changes == ["data.batch_size: 64 -> 16", "optim.lr: 0.1 -> 0.01", "strategy: 'ddp' -> 'fsdp'",
                        "trainer.epochs: 4 -> 6"]  # fmt: skip
     assert resume(plain(), plain()) == []
+    shards = ["data=shards", "task=classification"]  # a store's shards cached elsewhere on a new machine
+    moved = resume(plain(*shards), plain(*shards, "data.cache_dir=/scratch/cache", "data.cache_limit_gb=2"))
+    assert moved == ["data.cache_dir: '' -> '/scratch/cache'", "data.cache_limit_gb: 10 -> 2"]
 
 
 @pytest.mark.parametrize(

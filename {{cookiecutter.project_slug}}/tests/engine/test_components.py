@@ -20,7 +20,8 @@ OPTIONS = [
 
 @pytest.mark.parametrize("choice", OPTIONS)
 def test_every_group_option_composes_checks_and_names_a_callable(choice: str) -> None:
-    language = ["task=language_model"] if choice in ("model=gpt", "data=text") else []  # they belong together
+    in_language_model = choice in ("model=gpt", "data=text", "data=tokens")  # they belong with task=language_model
+    language = ["task=language_model"] if in_language_model else []
     config = to_train_config(compose_config([*language, choice]))
     for key, node in [("model", config.model), ("optim", config.optim), ("task", config.task),
                       ("data.dataset", config.data.dataset)]:  # fmt: skip

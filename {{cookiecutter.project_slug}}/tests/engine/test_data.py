@@ -10,13 +10,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.datasets import pad_sequences
 from {{cookiecutter.package_name}}.engine.components import build_datasets
 from {{cookiecutter.package_name}}.engine.data import DeviceBatches, KeyedDataset, build_data
-from {{cookiecutter.package_name}}.engine.sampler import ResumableDistributedSampler
-from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.engine.sampler import ResumableDistributedSampler, eval_shard
+from {{cookiecutter.package_name}}.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.randomness import seeded_by_sample
 
-from ..helpers import compose_config, cpu_env, write_cifar, write_image_tree
+from ..helpers import compose_config, cpu_env, sequence_data, write_cifar, write_image_tree
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -95,3 +96,59 @@ def test_a_users_random_transform_is_a_function_of_seed_epoch_and_index(workers:
     assert all(torch.equal(one[i], three[i]) for i in one), "same draws at any world size and worker count"
     assert not torch.equal(one[0], by_index(1, epoch=3, num_workers=0)[0]), "another epoch, other draws"
     assert len({tuple(t.tolist()) for t in one.values()}) == 40, "each sample its own draws"
+
+
+def pad_and_show_the_items(items: list, pad_value: int) -> tuple[dict, torch.Tensor]:
+    """A user's data.collate: pad_sequences' batch as a dict, with the size of each item it was given."""
+    (padded, lengths), targets = pad_sequences(items, pad_value=pad_value)
+    return {"padded": padded, "lengths": lengths, "item_sizes": torch.tensor([len(item) for item in items])}, targets
+
+
+def fails(items: list) -> tuple[torch.Tensor, torch.Tensor]:
+    raise ValueError(f"no batch of {len(items)} here")
+
+
+def test_a_users_collate_batches_the_items_and_the_project_their_weights_and_indices() -> None:
+    """9 training items on rank 1 of 2, batches of 4: 4 items, then a padding key of weight 0 (the last
+    global batch holds one sample, rank 0's). The collate sees (input, target) pairs only."""
+    collate = {"_target_": f"{__name__}.pad_and_show_the_items", "pad_value": 63}
+    data = build_data(sequence_data(collate=collate), cpu_env(1, 2), seed=0)
+    data.sampler.set_epoch(0)
+    keys = list(data.sampler)
+    seen: list[tuple[int, int, float]] = []
+    for loader in (data.train_loader, data.val_loader):
+        for inputs, targets, weights, indices in loader:
+            assert inputs["item_sizes"].eq(2).all(), "the user's collate sees (input, target) pairs only"
+            assert weights.dtype == torch.float64 and indices.dtype == torch.int64, "as default_collate makes them"
+            first = 50 if loader is data.val_loader else 0  # where the val set's tokens start
+            for row, index, length in zip(inputs["padded"], indices.tolist(), inputs["lengths"].tolist(), strict=True):
+                start = first + index
+                assert length == index % 4 + 1 and row[:length].tolist() == list(range(start, start + length))
+                assert row[length:].eq(63).all(), "padded with data.collate.pad_value"
+            assert targets.tolist() == [(first + index) % 3 for index in indices.tolist()]
+            seen += [(index, 0, weight) for index, weight in zip(indices.tolist(), weights.tolist(), strict=True)]
+    assert seen[: len(keys)] == keys and keys[-1][2] == 0.0, "the sampler's keys, its padding key included"
+    assert [index for index, _, _ in seen[len(keys) :]] == list(eval_shard(5, 1, 2)), "this rank's evaluation shard"
+
+
+def test_a_collate_that_fails_mid_run_says_so_in_one_line_naming_data_collate() -> None:
+    data = build_data(sequence_data(collate={"_target_": f"{__name__}.fails"}), cpu_env(0, 1), seed=0)
+    with pytest.raises(JobError) as error:
+        next(iter(data.val_loader))
+    assert str(error.value) == (
+        f"data.collate._target_={__name__}.fails failed on a batch of 4 items (ValueError: no batch of 4 here): "
+        "it is called with a list of (input, target) items and returns (inputs, targets)"
+    )
+    returns_the_items = build_data(sequence_data(collate={"_target_": "builtins.list"}), cpu_env(0, 1), seed=0)
+    returns_the_items.sampler.set_epoch(0)
+    with pytest.raises(
+        JobError, match=r"^data.collate._target_=builtins.list returned a list of 4, not \(inputs, targets\)$"
+    ):
+        next(iter(returns_the_items.train_loader))
+
+
+def test_a_collate_that_cannot_work_is_refused_before_any_work() -> None:
+    with pytest.raises(ConfigError, match=r"^data.collate._target_=nowhere.pad does not import"):
+        build_data(sequence_data(collate={"_target_": "nowhere.pad"}), cpu_env(0, 1), seed=0)
+    with pytest.raises(ConfigError, match=r"^data.on_device=true gathers batches .* drop data.collate$"):
+        build_data(sequence_data(on_device=True), cpu_env(0, 1), seed=0)

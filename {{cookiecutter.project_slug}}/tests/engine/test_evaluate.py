@@ -13,7 +13,7 @@ from {{cookiecutter.package_name}}.engine.data import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
 from {{cookiecutter.package_name}}.tasks import Classification
 
-from ..helpers import compose_config, cpu_env
+from ..helpers import BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
 
 CPU = torch.device("cpu")
 
@@ -58,6 +58,22 @@ def test_the_shards_of_any_world_size_add_up_to_the_one_process_figures(world_si
         total = sum(shard.metrics[name] * shard.samples for shard in shards)
         # rel 1e-6, not 0: a sample's float32 loss may differ in its last bits in a batch of another size.
         assert total / whole.samples == pytest.approx(value, rel=1e-6), name
+
+
+def evaluate_sequences(env) -> EvalResult:  # noqa: ANN001
+    """Exact evaluation of items that do not stack (data.collate), in lock step: with 5 samples in
+    batches of 2 on 2 ranks, rank 1 runs a filler forward of one sample, batched by the collate too."""
+    data = build_data(sequence_data(batch_size=2), env, seed=0)
+    torch.manual_seed(0)
+    return evaluate(BagOfTokens(), data.val_loader, Classification(), env.device, lockstep=True)
+
+
+def test_items_batched_by_a_collate_give_the_same_figures_at_one_and_two_ranks() -> None:
+    one = evaluate_sequences(cpu_env(0, 1))
+    two = on_ranks(2, evaluate_sequences)
+    assert one.samples == two[0].samples == two[1].samples == 5
+    assert two[0] == two[1]
+    assert two[0].metrics == pytest.approx(one.metrics, rel=1e-6) and one.metrics["loss"] > 0
 
 
 def test_a_rank_without_samples_still_reports_the_metric_names() -> None:

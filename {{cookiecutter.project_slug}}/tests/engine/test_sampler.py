@@ -86,3 +86,70 @@ def test_resume_mid_epoch_on_another_world_size_sees_the_rest_once() -> None:
 def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
     shards = [list(eval_shard(999, rank, world_size)) for rank in range(world_size)]
     assert sum(shards, []) == list(range(999))
+
+
+class Sharded:
+    """What a sharded set (datasets/shards.py) shows the sampler: samples per shard and the window."""
+
+    def __init__(self, shard_sizes: list[int], shard_window: int) -> None:
+        self.shard_sizes, self.shard_window = shard_sizes, shard_window
+
+    def __len__(self) -> int:
+        return sum(self.shard_sizes)
+
+
+SHARD_SIZES = [10, 10, 7, 10, 10, 10, 3, 10, 10, 10, 10, 10]  # 110 samples, two short shards
+
+
+def sharded_keys(world_size: int, epoch: int, seed: int = 7, window: int = 3, start: int = 0) -> list[list]:
+    result = []
+    for rank in range(world_size):
+        sampler = ResumableDistributedSampler.for_dataset(Sharded(SHARD_SIZES, window), cpu_env(rank, world_size), 4,
+                                                          seed)  # fmt: skip
+        sampler.set_epoch(epoch)
+        sampler.set_start(start)
+        result.append(list(sampler))
+    return result
+
+
+def test_a_sharded_order_is_one_permutation_of_seed_and_epoch_at_any_world_size() -> None:
+    def order(seed: int, epoch: int, world_size: int = 1) -> list[int]:
+        per_rank = sharded_keys(world_size, epoch, seed)
+        steps = range(0, len(per_rank[0]), 4)
+        return [i for step in steps for keys in per_rank for i, _, weight in keys[step : step + 4] if weight > 0]
+
+    assert sorted(order(3, 2)) == list(range(110))
+    assert order(3, 2) == order(3, 2, world_size=2) == order(3, 2, world_size=5)
+    assert order(3, 2) != order(3, 1) and order(3, 2) != order(4, 2)
+    assert order(3, 2) != ResumableDistributedSampler(110, cpu_env(0, 1), 4, seed=3).epoch_order().tolist()
+    plain = ResumableDistributedSampler.for_dataset(range(110), cpu_env(0, 1), 4, seed=3)
+    assert plain.epoch_order().tolist() == ResumableDistributedSampler(110, cpu_env(0, 1), 4, 3).epoch_order().tolist()
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_a_sharded_order_keeps_each_ranks_reads_within_a_window_of_shards(world_size: int) -> None:
+    window = 3
+    shard_of = [shard for shard, size in enumerate(SHARD_SIZES) for _ in range(size)]
+    sampler = ResumableDistributedSampler.for_dataset(Sharded(SHARD_SIZES, window), cpu_env(0, 1), 4, seed=7)
+    sampler.set_epoch(1)
+    order = sampler.epoch_order().tolist()
+    shard_sequence = list(dict.fromkeys(shard_of[i] for i in order))
+    assert len({shard_of[i] for i in order[:10]}) > 1, "a window's samples are mixed, not read shard by shard"
+    window_of = {shard: position // window for position, shard in enumerate(shard_sequence)}
+    assert sorted(shard_sequence) == list(range(len(SHARD_SIZES))), "every shard read, one window after the other"
+    for keys in sharded_keys(world_size, epoch=1, window=window):
+        windows = [window_of[shard_of[index]] for index, _, _ in keys]
+        assert windows == sorted(windows), "a rank never goes back to an earlier window"
+    real = [i for keys in sharded_keys(world_size, epoch=1) for i, _, weight in keys if weight > 0]
+    assert sorted(real) == list(range(110)), "disjoint ranks, every sample once"
+
+
+def test_a_sharded_order_resumes_mid_epoch_on_another_world_size() -> None:
+    done = [i for keys in sharded_keys(2, epoch=4) for i, _, weight in keys[:12] if weight > 0]
+    rest = [i for keys in sharded_keys(3, epoch=4, start=len(done)) for i, _, weight in keys if weight > 0]
+    assert sorted(done + rest) == list(range(110))
+
+
+def test_shards_that_do_not_add_up_to_the_set_are_refused() -> None:
+    with pytest.raises(ValueError, match="the set has 100"):
+        ResumableDistributedSampler(100, cpu_env(0, 1), 4, seed=0, shard_sizes=[50, 49])

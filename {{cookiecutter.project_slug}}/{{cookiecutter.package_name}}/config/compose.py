@@ -144,7 +144,7 @@ def into_a_saved_group(key: str, given: set[str], saved: dict[str, Any]) -> bool
     return "." in key and group in CONFIG_GROUPS and group in saved and group not in given
 
 
-LOADER_KEYS = ("batch_size", "num_workers", "augment", "on_device")  # what the loader reads of data.*
+LOADER_KEYS = ("batch_size", "num_workers", "augment", "on_device", "collate")  # what the loader reads of data.*
 
 
 def reach_the_data_set(merged: DictConfig, saved: dict[str, Any], key: str) -> None:

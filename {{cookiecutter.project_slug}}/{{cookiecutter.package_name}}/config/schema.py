@@ -42,6 +42,7 @@ class DataConfig:
     num_classes: int = 0  # classification: the model's outputs; 0 where the task has no classes
     augment: bool = False  # the project's random crop (padding 4) and flip of image tensors
     on_device: bool = False  # keep the training set on the GPU and augment batches there
+    collate: dict[str, Any] | None = None  # _target_: the user's batching of items that do not stack
     node: dict[str, Any] = field(default_factory=dict)  # the whole data node, as configured
 
     @classmethod
@@ -55,8 +56,18 @@ class DataConfig:
             num_classes=whole_number("data.num_classes", node["num_classes"], 2) if "num_classes" in node else 0,
             augment=flag("data.augment", node.get("augment", False)),
             on_device=flag("data.on_device", node.get("on_device", False)),
+            collate=collate_node(node.get("collate")),
             node=node,
         )
+
+
+def collate_node(node: Any) -> dict[str, Any] | None:
+    """data.collate: absent or null (torch's default collation: items that stack), or a node whose
+    `_target_` builds the batching of a list of (input, target) items."""
+    if node is None:
+        return None
+    require_target("data.collate", node)
+    return node
 
 
 def check_optim(node: Any) -> None:

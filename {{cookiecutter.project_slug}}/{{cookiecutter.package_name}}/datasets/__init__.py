@@ -3,11 +3,14 @@
 Items are `(input, target)`. A user's own data set is a function like these in a file of their
 own (see the README, "Your own model and data"); the loaders, the resumable sampler and exact
 evaluation work for any map-style pair. One module per kind: images.py (synthetic, cifar10,
-image_folder), corpus.py (a text corpus read into memory).
+image_folder), corpus.py (a text corpus read into memory), tokens.py (the same corpus prepared into
+token files that training memory-maps); prepare.py, the command that writes such files. collate.py:
+pad_sequences, a `data.collate` for inputs of different lengths.
 """
 
 from __future__ import annotations
 
+from .collate import pad_sequences
 from .corpus import TextWindows, stdlib_sources, text, text_files
 from .images import (
     TensorImages,
@@ -18,6 +21,8 @@ from .images import (
     read_cifar_batches,
     synthetic_images,
 )
+from .shards import ShardedSet, sharded
+from .tokens import TokenWindows, token_windows
 
 __all__ = [
     "TensorImages",
@@ -26,9 +31,14 @@ __all__ = [
     "cifar10",
     "image_folder",
     "normalise",
+    "pad_sequences",
     "read_cifar_batches",
+    "ShardedSet",
+    "sharded",
     "stdlib_sources",
     "synthetic_images",
     "text",
     "text_files",
+    "token_windows",
+    "TokenWindows",
 ]

@@ -81,6 +81,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     if found is None:  # last, so that nothing above draws from them: each rank's own generators (dropout)
         generators.start_afresh()
     trainer.metrics.drop_after(state.step)
+    trainer.sample_audit.drop_after(state.step)  # the steps a kill cut short are redone and listed again
     if env.is_main:  # rank 0 feeds the sinks; a tracker's records wait for a checkpoint to cover them
         own_checkpoint = found is None or found[0] != Path(config.checkpoint.resume)  # not another run's
         for sink in sinks:

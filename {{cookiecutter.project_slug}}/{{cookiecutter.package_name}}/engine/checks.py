@@ -20,7 +20,7 @@ from torch.utils.data import default_collate
 
 from ..capacity import available_memory, check_processes_fit, peak_rss
 from ..config import TrainConfig, to_plain_dict
-from ..errors import ConfigError, first_line
+from ..errors import ConfigError, JobError, first_line
 from ..observe.sinks import check_sinks
 from ..placement import BackendChoice, DistEnv
 from ..randomness import building_sample
@@ -29,8 +29,8 @@ from .batch import model_forward
 from .checkpoint.files import local_folder
 from .checkpoint.manager import check_resume
 from .checkpoint.writer import Checkpointer
-from .components import build_datasets, build_model, build_optimizer, build_task
-from .data import check_datasets
+from .components import build_datasets, build_model, build_optimizer, build_task, describe
+from .data import build_collate, check_datasets
 from .strategies import build_strategy
 
 
@@ -84,15 +84,22 @@ def check_components(config: TrainConfig) -> torch.nn.Module:
     model = build_model(config.model)
     build_optimizer(config.optim, model)
     task = build_task(config.task)
+    collate = build_collate(config.data)
     try:
         items = []
         for index in (0, len(train) - 1):
             with building_sample(0, 0, index):
                 items.append(train[index])
-        inputs, targets = default_collate(items)
+            if not (isinstance(items[-1], tuple | list) and len(items[-1]) == 2):
+                raise TypeError(f"item {index} is {describe(items[-1])}")
+        inputs, targets = default_collate(items) if collate is None else collate.pairs(items)
+    except JobError as error:  # the user's data.collate failed: its own line
+        raise ConfigError(str(error)) from None
     except Exception as error:
-        detail = first_line(error)
-        raise ConfigError(f"data.dataset: cannot batch its items ({detail}): items must be (input, target)") from None
+        raise ConfigError(
+            f"data.dataset: cannot batch its items ({first_line(error)}): items must be (input, target) "
+            "pairs whose tensors stack, or give data.collate (docs/configuration.md)"
+        ) from None
     try:
         with torch.no_grad():
             model.eval()
@@ -102,9 +109,9 @@ def check_components(config: TrainConfig) -> torch.nn.Module:
             f"model, data and task do not fit together: one batch fails with {first_line(error)}; "
             "check model=, data= and task= (and data.num_classes)"
         ) from None
-    if not (isinstance(loss, torch.Tensor) and loss.shape == (len(targets),)):
+    if not (isinstance(loss, torch.Tensor) and loss.shape == (len(items),)):
         raise ConfigError(
             f"task._target_={config.task['_target_']}: loss() must return one value per sample, "
-            f"shape ({len(targets)},), got {tuple(getattr(loss, 'shape', ()))}"
+            f"shape ({len(items)},), got {tuple(getattr(loss, 'shape', ()))}"
         )
     return model

@@ -30,7 +30,8 @@ from ..placement import DistEnv
 from .distributed import all_gather_bytes
 
 REFUSED = ("model", "optim._target_", "seed", "data")
-LOADER_KEYS = ("data.batch_size", "data.num_workers", "data.on_device")  # the same samples, batched otherwise
+# The same samples, batched otherwise or cached elsewhere (data=shards' local cache of a store's shards).
+LOADER_KEYS = ("data.batch_size", "data.num_workers", "data.on_device", "data.cache_dir", "data.cache_limit_gb")
 # What a finished run may be relaunched with, changed, without anything being silently ignored.
 OPERATIONAL = ("log", "dist", "checkpoint", "trainer.log_every_n_steps", "trainer.record_samples",
                "trainer.profile_steps", "trainer.memory_snapshot", *LOADER_KEYS)  # fmt: skip

@@ -3,6 +3,9 @@
 Every sample is built from its key (seed, epoch, index): the sampler (sampler.py) says which keys
 a rank gets, augmentation (augment.py) and a data set's own random transforms (randomness.py) draw
 from the key. So the batches do not depend on the number of processes or DataLoader workers.
+
+Items that do not stack (sequences of different lengths) are batched by the user's `data.collate`
+(KeyedCollate); what the project adds to an item (its weight and index) it batches itself.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +26,7 @@ from ..datasets import TensorImages, normalise
 from ..errors import ConfigError, JobError, first_line
 from ..placement import DistEnv
 from ..randomness import EVAL_EPOCH, building_sample
-from .components import build_datasets
+from .components import build, build_datasets, describe
 from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,41 @@ class KeyedDataset(Dataset):
         if self.augmented and epoch != EVAL_EPOCH:
             inputs = augment(inputs, self.seed, epoch, index)
         return inputs, target, weight, index
+
+
+class KeyedCollate:
+    """The batches of keyed items with the user's `data.collate`, whose `_target_` is a function
+    called with a list of (input, target) items (the node's other keys as keyword arguments) that
+    returns (inputs, targets) in any structure the model and task take. It sees nothing else: the
+    weights and indices are batched here, as default_collate batches them without a collate."""
+
+    def __init__(self, node: Mapping[str, Any]) -> None:
+        self.target = node["_target_"]
+        self.collate = build({**node, "_partial_": True}, "data.collate")  # the function, its keys bound
+
+    def __call__(self, items: list[tuple[Any, Any, float, int]]) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+        inputs, targets = self.pairs([(inputs, target) for inputs, target, _, _ in items])
+        weights = torch.tensor([weight for _, _, weight, _ in items], dtype=torch.float64)
+        indices = torch.tensor([index for _, _, _, index in items], dtype=torch.int64)
+        return inputs, targets, weights, indices
+
+    def pairs(self, items: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """The user's (inputs, targets) of a list of (input, target) items; a failure is one line."""
+        try:
+            batch = self.collate(items)
+        except Exception as error:
+            raise JobError(
+                f"data.collate._target_={self.target} failed on a batch of {len(items)} items ({first_line(error)}): "
+                "it is called with a list of (input, target) items and returns (inputs, targets)"
+            ) from error
+        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            raise JobError(f"data.collate._target_={self.target} returned {describe(batch)}, not (inputs, targets)")
+        return batch[0], batch[1]
+
+
+def build_collate(config: DataConfig) -> KeyedCollate | None:
+    """The user's `data.collate` over keyed items; None without one (torch's default_collate)."""
+    return KeyedCollate(config.collate) if config.collate is not None else None
 
 
 class DeviceBatches:
@@ -112,11 +150,17 @@ def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
         # A generator of its own: a loader would otherwise draw its workers' base seed from the
         # global one at every epoch's start, shifting the dropout masks of a resumed run.
         "generator": torch.Generator().manual_seed(seed),
+        "collate_fn": build_collate(config),
     }
 
 
 def check_datasets(config: DataConfig, pair: tuple[Dataset, Dataset]) -> None:
     """Refuse, before any work, what the loader settings cannot do with these sets."""
+    if config.on_device and config.collate is not None:
+        raise ConfigError(
+            "data.on_device=true gathers batches on the device from a set of stacked tensors, which "
+            "data.collate does not batch: set data.on_device=false or drop data.collate"
+        )
     if config.on_device and not isinstance(pair[0], TensorImages):
         raise ConfigError(
             f"data.on_device=true needs a data set held in memory (a TensorImages, as synthetic and cifar10 "
@@ -130,7 +174,7 @@ def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
     check_datasets(config, (train_base, val_base))
     train_set = KeyedDataset(train_base, seed, augmented=config.augment)
     val_set = KeyedDataset(val_base, seed, augmented=False)
-    sampler = ResumableDistributedSampler(len(train_set), env, config.batch_size, seed)
+    sampler = ResumableDistributedSampler.for_dataset(train_base, env, config.batch_size, seed)
     options = loader_options(config, env, seed)
     shard = torch.utils.data.Subset(val_set, list(eval_shard(len(val_set), env.rank, env.world_size)))
     if config.on_device:  # check_datasets allows it for in-memory sets (TensorImages) only

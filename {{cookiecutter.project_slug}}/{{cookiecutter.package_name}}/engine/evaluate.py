@@ -76,5 +76,7 @@ def evaluate(
 
 
 def one_sample(loader: DataLoader) -> Any:
-    """The set's first sample as a batch of one: for ranks whose own shard is shorter or empty."""
-    return next(iter(DataLoader(loader.dataset.dataset, batch_size=1)))  # type: ignore[attr-defined]
+    """The set's first sample as a batch of one, batched as the loader batches (data.collate): for
+    ranks whose own shard is shorter or empty."""
+    whole = loader.dataset.dataset  # type: ignore[attr-defined]
+    return next(iter(DataLoader(whole, batch_size=1, collate_fn=loader.collate_fn)))

@@ -1,0 +1,131 @@
+"""datasets/shards.py: an image folder or a corpus written as shards (to a folder or a store), read back as
+the items data=image_folder and data=text give, through a bounded cache for a store."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.datasets import image_folder, sharded
+from {{cookiecutter.package_name}}.datasets.prepare import main as prepare
+from {{cookiecutter.package_name}}.datasets.shards import text_splits, write_shards
+from {{cookiecutter.package_name}}.engine.sampler import ResumableDistributedSampler
+from {{cookiecutter.package_name}}.errors import ConfigError
+
+from ..helpers import cpu_env, write_image_tree
+
+
+def corpus(root: Path) -> Path:
+    root.mkdir()
+    for number in range(3):  # file 0 is validation (--val-every 3), as data=text splits
+        (root / f"{number}.txt").write_bytes(bytes(range(number * 50, number * 50 + 90)) * 3)
+    return root
+
+
+def test_an_image_folder_becomes_shards_of_the_items_image_folder_gives(tmp_path: Path) -> None:
+    source, out = write_image_tree(tmp_path / "images", 3, 4, 2, (12, 10)), tmp_path / "shards"
+    args = ["shards", str(source), str(out), "--kind", "images", "--samples-per-shard", "5", "--image-size", "8"]
+    assert prepare(args) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert index["kind"] == "images" and index["classes"] == ["class_0", "class_1", "class_2"]
+    names = ["index.json", "train-00000.pt", "train-00001.pt", "train-00002.pt", "val-00000.pt", "val-00001.pt"]
+    assert sorted(path.name for path in out.iterdir()) == names
+    assert torch.load(out / "train-00002.pt", weights_only=True)["images"].dtype == torch.uint8
+    train, val = sharded(str(out), num_classes=3)
+    assert (train.shard_sizes, val.shard_sizes, train.shard_window) == ([5, 5, 2], [5, 1], 4)
+    folder_train, _ = image_folder(str(source), image_size=8, num_classes=3)
+    written = torch.randperm(12, generator=torch.Generator().manual_seed(0))  # shuffled once, by --seed
+    for index in range(12):
+        image, label = train[index]
+        expected_image, expected_label = folder_train[int(written[index])]
+        assert torch.equal(image, expected_image) and label == expected_label
+    worker_copy = pickle.loads(pickle.dumps(train))  # what a spawned DataLoader worker gets
+    assert not worker_copy.opened and torch.equal(worker_copy[11][0], train[11][0])
+    with pytest.raises(IndexError):
+        train[12]
+    with pytest.raises(ConfigError, match="holds 3 classes, data.num_classes=10"):
+        sharded(str(out), num_classes=10)
+    assert prepare(args) == 2, "a prepared data set is never written over"
+
+
+def test_a_corpus_becomes_windows_that_hold_every_byte_of_each_split(tmp_path: Path) -> None:
+    source, out = corpus(tmp_path / "corpus"), tmp_path / "shards"
+    args = ["shards", str(source), str(out), "--kind", "text", "--samples-per-shard", "7", "--seq-len", "16",
+            "--val-every", "3"]  # fmt: skip
+    assert prepare(args) == 0
+    train, val = sharded(str(out), block_size=16)
+    for split, files in ((train, [1, 2]), (val, [0])):
+        stream = b"".join((source / f"{number}.txt").read_bytes() for number in files)
+        items = [split[index] for index in range(len(split))]
+        assert all(x.dtype == torch.long and x.shape == (16,) and torch.equal(x[1:], y[:-1]) for x, y in items)
+        starts = sorted(bytes(torch.cat([x, y[-1:]]).tolist()) for x, y in items)
+        assert starts == sorted(stream[begin : begin + 17] for begin in range(0, len(stream) - 16, 16))
+    with pytest.raises(ConfigError, match="windows of 16 bytes, data.block_size=64"):
+        sharded(str(out), block_size=64)
+    assert prepare(["shards", str(tmp_path / "nowhere"), str(tmp_path / "other"), "--kind", "text"]) == 2
+
+
+def test_a_data_set_whose_writing_stopped_has_no_index_and_is_refused(tmp_path: Path) -> None:
+    splits, meta = text_splits(str(corpus(tmp_path / "corpus")), seq_len=16, val_every=3)
+    count, gather = splits["train"]
+
+    def fails_at_the_second_shard(indices: torch.Tensor) -> dict:
+        if int(indices.numel()) and fails_at_the_second_shard.calls:
+            raise OSError("disk full")
+        fails_at_the_second_shard.calls += 1
+        return gather(indices)
+
+    fails_at_the_second_shard.calls = 0
+    with pytest.raises(OSError, match="disk full"):
+        write_shards(str(tmp_path / "out"), "text", {"train": (count, fails_at_the_second_shard)}, 5, 0, **meta)
+    assert [path.name for path in (tmp_path / "out").iterdir()] == ["train-00000.pt"], "the index comes last"
+    with pytest.raises(ConfigError, match=r"holds no index.json: prepare it first with `python -m .*prepare shards"):
+        sharded(str(tmp_path / "out"))
+
+
+def test_shards_in_a_store_stream_through_a_bounded_cache(tmp_path: Path, s3_server) -> None:
+    source = corpus(tmp_path / "corpus")
+    url = s3_server.bucket() + "/data/text"
+    common = ["--kind", "text", "--samples-per-shard", "9", "--seq-len", "16", "--val-every", "3"]
+    assert prepare(["shards", str(source), url, *common]) == 0
+    assert prepare(["shards", str(source), str(tmp_path / "local"), *common]) == 0
+    index = json.loads((tmp_path / "local" / "index.json").read_text())
+    shard_bytes = max(entry["bytes"] for entry in index["splits"]["train"])
+    train, _ = sharded(url, str(tmp_path / "cache"), cache_limit_gb=2 * shard_bytes / 1e9, shard_window=1)
+    local, _ = sharded(str(tmp_path / "local"), shard_window=1)
+    assert train.cache is not None and train.cache.folder.parent == tmp_path / "cache" and local.cache is None
+    sampler = ResumableDistributedSampler.for_dataset(train, cpu_env(0, 1), 4, seed=0)
+    most = 0
+    for index, _, _ in sampler:  # the order a rank reads: a shard (a window of one) at a time
+        x, y = train[index]
+        assert torch.equal(x, local[index][0]) and torch.equal(y, local[index][1])
+        most = max(most, train.cache.size())
+    assert len(train.shard_sizes) == 4 and most <= train.cache.limit_bytes + shard_bytes, "over it only by one in use"
+
+
+def test_a_cache_too_small_for_a_window_is_refused_and_a_forked_worker_lets_go_of_its_parents_shards(
+    tmp_path: Path,
+) -> None:
+    url = "memory://shards-test/text"  # a store in this process (fsspec's), read as s3:// is
+    args = ["--kind", "text", "--samples-per-shard", "9", "--seq-len", "16", "--val-every", "3"]
+    assert prepare(["shards", str(corpus(tmp_path / "corpus")), url, *args]) == 0
+    with pytest.raises(ConfigError, match="data.cache_limit_gb=5e-06 holds fewer than data.shard_window=4 shards"):
+        sharded(url, cache_limit_gb=5e-6)
+    train, _ = sharded(url, str(tmp_path), cache_limit_gb=5e-6, shard_window=1)
+    train[0]
+    (parents,) = [fd for fd, _ in train.opened.values()]
+    shard_file = os.fstat(parents).st_ino
+    pid = os.fork()  # as a DataLoader worker starts
+    if pid == 0:
+        train[len(train) - 1]
+        try:  # still open, the shard would stay marked in use as long as the worker lives
+            os._exit(1 if os.fstat(parents).st_ino == shard_file else 0)
+        except OSError:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert os.fstat(parents).st_ino == shard_file, "the parent's own stays open"

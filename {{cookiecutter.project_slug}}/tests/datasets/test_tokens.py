@@ -1,0 +1,147 @@
+"""datasets/tokens.py: a corpus prepared into token files (data=text's split, streamed, written atomically)
+and trained on from their memory maps, window for window as data=text."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from {{cookiecutter.package_name}} import train as train_entry
+from {{cookiecutter.package_name}}.datasets import text, token_windows
+from {{cookiecutter.package_name}}.datasets import tokens as tokens_module
+from {{cookiecutter.package_name}}.datasets.tokens import prepare_tokens
+from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.randomness import building_sample
+from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
+
+pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
+
+
+def write_corpus(folder: Path, files: int = 12, seed: int = 0) -> Path:
+    """`files` files of 100 to 400 random bytes, in two subfolders (the split goes by sorted path)."""
+    rng = np.random.default_rng(seed)
+    for number in range(files):
+        path = folder / f"part_{number % 2}" / f"file_{number:02d}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.integers(0, 256, int(rng.integers(100, 400)), dtype=np.uint8).tobytes())
+    return folder
+
+
+def windows(dataset, indices) -> list[torch.Tensor]:  # noqa: ANN001
+    out = []
+    for index in indices:
+        with building_sample(0, 1, index):
+            x, y = dataset[index]
+        out.append(torch.cat([x, y[-1:]]))
+    return out
+
+
+def assert_same_windows(ours, theirs) -> None:  # noqa: ANN001
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert len(mine) == len(reference) and mine.random_offsets == reference.random_offsets
+        assert torch.equal(mine.data, reference.data)
+        indices = range(len(reference))
+        assert all(map(torch.equal, windows(mine, indices), windows(reference, indices)))
+
+
+def test_prepared_tokens_give_the_windows_of_data_text_for_the_same_corpus(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    meta = prepare_tokens(str(corpus), tmp_path / "tokens")
+    files = sorted(path for path in corpus.rglob("*") if path.is_file())
+    val_bytes = files[0].read_bytes() + files[10].read_bytes()  # every 10th by sorted path
+    assert (tmp_path / "tokens" / "val.bin").read_bytes() == val_bytes
+    assert json.loads((tmp_path / "tokens" / "meta.json").read_text()) == meta
+    assert meta["tokenizer"] == "bytes" and meta["vocab_size"] == 256 and meta["dtype"] == "uint8"
+    assert meta["val_tokens"] == len(val_bytes) and meta["files"] == 12
+    assert meta["train_tokens"] == sum(path.stat().st_size for path in files) - len(val_bytes)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus", "tokens"], "nothing left beside it"
+    ours = token_windows(str(tmp_path / "tokens"), block_size=16, train_samples=20, val_samples=7)
+    assert_same_windows(ours, text(str(corpus), block_size=16, train_samples=20, val_samples=7))
+
+
+def test_repeat_reads_as_a_folder_of_copies_of_the_corpus(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    for copy in ("copy_0", "copy_1"):  # 24 files numbered on: the 10th and 20th fall in other places than 2 x 12
+        for path in corpus.rglob("*.txt"):
+            target = tmp_path / "copies" / copy / path.relative_to(corpus)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, target)
+    meta = prepare_tokens(str(corpus), tmp_path / "tokens", repeat=2)
+    assert meta["files"] == 24 and meta["repeat"] == 2
+    ours = token_windows(str(tmp_path / "tokens"), block_size=16, train_samples=20, val_samples=7)
+    assert_same_windows(ours, text(str(tmp_path / "copies"), block_size=16, train_samples=20, val_samples=7))
+
+
+def test_the_map_opens_in_each_process_on_its_first_window_and_is_never_pickled(tmp_path: Path) -> None:
+    prepare_tokens(str(write_corpus(tmp_path / "corpus")), tmp_path / "tokens")
+    train, _ = token_windows(str(tmp_path / "tokens"), block_size=16, train_samples=20, val_samples=7)
+    assert train.mapped is None, "nothing is opened by building the set (the launcher's checks, the main process)"
+    shipped = pickle.dumps(train)
+    first = windows(train, [3])
+    assert train.mapped is not None
+    assert len(pickle.dumps(train)) == len(shipped) < 1000, "a DataLoader worker gets the path, not the tokens"
+    worker_copy = pickle.loads(pickle.dumps(train))
+    assert worker_copy.mapped is None and torch.equal(windows(worker_copy, [3])[0], first[0])
+
+
+def test_an_existing_folder_is_refused_unless_forced_and_a_failed_write_leaves_it_as_it_was(
+    tmp_path: Path, monkeypatch
+) -> None:
+    corpus, out = str(write_corpus(tmp_path / "corpus")), tmp_path / "tokens"
+    first = prepare_tokens(corpus, out)
+    with pytest.raises(ConfigError, match="tokens exists: pass --force"):
+        prepare_tokens(corpus, out, repeat=2)
+
+    def fails_half_way(*args) -> list[int]:  # noqa: ANN002
+        real_write(*args)
+        raise OSError("disk full")
+
+    real_write = tokens_module.write_splits
+    monkeypatch.setattr(tokens_module, "write_splits", fails_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        prepare_tokens(corpus, out, repeat=2, force=True)
+    assert json.loads((out / "meta.json").read_text()) == first, "the old folder untouched"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus", "tokens"], "no half-written folder left"
+    monkeypatch.undo()
+    again = prepare_tokens(corpus, out, repeat=2, force=True)
+    assert again["train_tokens"] + again["val_tokens"] == 2 * (first["train_tokens"] + first["val_tokens"])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus", "tokens"], "the old one removed"
+
+
+def test_a_folder_prepare_did_not_write_is_refused_in_one_line_that_says_what_to_run(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no meta.json\): run `python -m .*datasets.prepare tokens CORPUS"):
+        token_windows(str(tmp_path / "missing"), block_size=16, train_samples=20, val_samples=7)
+    out = tmp_path / "tokens"
+    prepare_tokens(str(write_corpus(tmp_path / "corpus")), out)
+    with pytest.raises(ConfigError, match="block_size=4000 is longer than"):
+        token_windows(str(out), block_size=4000, train_samples=20, val_samples=7)
+    with open(out / "train.bin", "r+b") as file:
+        file.truncate(100)  # a copy cut short
+    with pytest.raises(ConfigError, match=r"train.bin holds 100 bytes.*CORPUS .*tokens --force` again$") as refused:
+        token_windows(str(out), block_size=16, train_samples=20, val_samples=7)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match="found 1 file"):
+        prepare_tokens(str(tmp_path / "corpus" / "part_0" / "file_00.*"), tmp_path / "other")
+    with pytest.raises(ConfigError, match="is not a folder, a glob pattern or 'stdlib'"):
+        prepare_tokens(str(tmp_path / "corpus" / "part_0" / "file_00.txt"), tmp_path / "other")
+
+
+def test_the_language_model_trains_on_token_files(in_process, monkeypatch, tmp_path: Path) -> None:
+    prepare_tokens(str(write_corpus(tmp_path / "corpus", files=24)), tmp_path / "tokens")
+    overrides = ["task=language_model", "data=tokens", f"data.root={tmp_path / 'tokens'}", "data.block_size=16",
+                 "data.train_samples=32", "data.val_samples=8", "data.batch_size=16", "model.layers=1",
+                 "model.width=16", "model.heads=2", "trainer.epochs=1",
+                 f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["train.py", *overrides])
+    train_entry.main()
+    assert in_process == [0]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "val" and records[-1]["val_samples"] == 8
+    assert (tmp_path / "run" / FINISHED_MARKER).read_text().strip() == "2", "2 steps of 16 windows"

@@ -1,0 +1,166 @@
+"""A text corpus as token files that training memory-maps: no rank holds the corpus in memory.
+
+Prepared once (`python -m <package>.datasets.prepare tokens CORPUS OUT`, prepare.py): the
+corpus that `data=text` reads, split by file by the same rule, streamed file by file into OUT/train.bin and
+OUT/val.bin, with OUT/meta.json saying how. Tokens are bytes today (a vocabulary of 256); meta.json names
+the tokenizer and the dtype, so a tokenizer's ids can be written the same way. Training (`data=tokens`)
+draws the same windows as `data=text` does from the same corpus, read from the map of each file, which
+each process (and each DataLoader worker) opens on its first window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, say
+from .corpus import TextWindows, text_files
+
+FORMAT = 1
+SPLITS = ("train", "val")
+DTYPES = {"uint8": torch.uint8, "uint16": torch.uint16, "int32": torch.int32}  # what a tokenizer's ids may need
+STDLIB = "stdlib"  # CORPUS naming the Python standard library's sources (data=text's data.root=null)
+PREPARE_COMMAND = f"python -m {__package__}.prepare tokens"
+
+
+# --- preparing: a corpus into OUT/{train,val}.bin and OUT/meta.json
+
+
+def prepare_tokens(corpus: str | None, out: Path, val_every: int = 10, repeat: int = 1, force: bool = False) -> dict:
+    """Write the token folder `out` from a corpus (text_files' rule: a folder, a glob, None for the
+    stdlib's sources), `repeat` times over, atomically: a temporary folder beside it, renamed at the
+    end. An existing `out` is refused unless `force`. Returns meta.json's contents."""
+    if val_every < 2 or repeat < 1:
+        raise ConfigError(f"--val-every must be >= 2 and --repeat >= 1, got {val_every} and {repeat}")
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists: pass --force to replace it, or give another OUT")
+    if corpus is not None and not any(char in corpus for char in "*?[") and not Path(corpus).is_dir():
+        raise ConfigError(f"CORPUS {corpus} is not a folder, a glob pattern or '{STDLIB}': give one of those")
+    files = text_files(corpus)
+    if len(files) < 2:
+        raise ConfigError(f"corpus {corpus}: found {len(files)} file(s); a text corpus needs at least 2")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        counts = write_splits(files, staging, val_every, repeat)
+        meta = {"format": FORMAT, "tokenizer": "bytes", "vocab_size": 256, "dtype": "uint8",
+                "train_tokens": counts[0], "val_tokens": counts[1], "files": len(files) * repeat,
+                "repeat": repeat, "val_every": val_every, "corpus": STDLIB if corpus is None else corpus}  # fmt: skip
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        replace_folder(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return meta
+
+
+def write_splits(files: list[Path], folder: Path, val_every: int, repeat: int) -> list[int]:
+    """Each file's bytes appended to train.bin, or to val.bin for every `val_every`-th one (as
+    `text` splits), streamed in pieces of 4 MiB; the files listed `repeat` times over, numbered
+    on, as a folder of `repeat` copies of the corpus is read. The bytes written to each split."""
+    with open(folder / "train.bin", "wb") as train, open(folder / "val.bin", "wb") as val:
+        for number, path in enumerate(files * repeat):
+            is_val = number % val_every == 0
+            with open(path, "rb") as source:
+                shutil.copyfileobj(source, val if is_val else train, 2**22)
+        for split in (train, val):
+            split.flush()
+            os.fsync(split.fileno())
+        return [train.tell(), val.tell()]
+
+
+def replace_folder(staging: Path, out: Path) -> None:
+    """`staging` renamed to `out`; an old `out` set aside first and removed once the new one is in place."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        os.replace(out, old / out.name)
+    os.replace(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
+    """`prepare tokens`'s arguments (prepare.py)."""
+    parser.add_argument("corpus", metavar="CORPUS", help=f"a folder (every file below it), a glob pattern "
+                        f"(quoted), or '{STDLIB}' for the Python standard library's sources")  # fmt: skip
+    parser.add_argument("out", metavar="OUT", type=Path, help="the folder to write: train.bin, val.bin, meta.json")
+    parser.add_argument("--val-every", type=int, default=10, help="every Nth file (sorted by path) is validation")
+    parser.add_argument("--repeat", type=int, default=1, help="the corpus this many times over (benchmarks)")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.set_defaults(prepare=run_prepare)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """`prepare tokens`: the folder written, and summed up in one line."""
+    corpus = None if args.corpus == STDLIB else args.corpus
+    meta = prepare_tokens(corpus, args.out, args.val_every, args.repeat, args.force)
+    say(f"{args.out}: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens "
+        f"from {meta['files']:,} files; train with data=tokens data.root={args.out}")  # fmt: skip
+    return 0
+
+
+# --- training: windows of the memory-mapped files
+
+
+class TokenWindows(TextWindows):
+    """TextWindows (the same windows, drawn by the same rule) over a token file mapped into memory
+    rather than read: the map opens on the first window a process asks for and is never pickled,
+    so each DataLoader worker maps the file itself and the pages stay the page cache's."""
+
+    def __init__(
+        self, path: Path, length: int, dtype: str, block_size: int, samples: int, random_offsets: bool
+    ) -> None:
+        if length < block_size + 2:
+            raise ConfigError(f"data.block_size={block_size} is longer than {path} of {length} tokens")
+        self.path, self.length, self.dtype = path, length, dtype
+        self.block_size, self.samples, self.random_offsets = block_size, samples, random_offsets
+        self.mapped: torch.Tensor | None = None
+
+    @property
+    def data(self) -> torch.Tensor:  # type: ignore[override]
+        if self.mapped is None:  # shared=False: a private, read-only use of the file; nothing is written back
+            self.mapped = torch.from_file(str(self.path), shared=False, size=self.length, dtype=DTYPES[self.dtype])
+        return self.mapped
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "mapped": None}
+
+
+def read_meta(root: str) -> dict[str, Any]:
+    """OUT/meta.json, checked against the files beside it: a folder that prepare did not finish is refused."""
+    folder = Path(root)
+    command = f"{PREPARE_COMMAND} CORPUS {root}"
+    if not (folder / "meta.json").is_file():
+        raise ConfigError(f"data.root={root} is not a token folder (no meta.json): run `{command}` first")
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        itemsize = DTYPES[meta["dtype"]].itemsize
+        for split in SPLITS:
+            size, expected = (folder / f"{split}.bin").stat().st_size, meta[f"{split}_tokens"] * itemsize
+            if size != expected:
+                raise ValueError(f"{split}.bin holds {size} bytes, meta.json says {expected}")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(
+            f"data.root={root} is not a valid token folder ({error}): run `{command} --force` again"
+        ) from None
+    return meta
+
+
+def token_windows(
+    root: str, block_size: int, train_samples: int, val_samples: int
+) -> tuple[TokenWindows, TokenWindows]:
+    """The token folder `root` (prepare tokens): the training and validation windows of data=text."""
+    meta = read_meta(root)
+    train, val = (
+        TokenWindows(Path(root) / f"{split}.bin", meta[f"{split}_tokens"], meta["dtype"], block_size, samples, random)
+        for split, samples, random in (("train", train_samples, True), ("val", val_samples, False))
+    )
+    return train, val
