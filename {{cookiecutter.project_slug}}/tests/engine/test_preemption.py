@@ -1,4 +1,5 @@
-"""preemption.py in this process: SIGTERM and SIGINT become an agreed stop (a world of one, no group)."""
+"""preemption.py: SIGTERM, SIGINT and SIGHUP become an agreed stop, in this process (a world of one, no
+group) and on 2 gloo ranks (one rank signalled, both stop after the same step under its name)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from {{cookiecutter.package_name}}.engine.preemption import STOP_SIGNALS, StopOnSigterm
 from {{cookiecutter.package_name}}.errors import Preempted
+
+from ..helpers import on_ranks
 
 
 @pytest.fixture
@@ -65,3 +68,25 @@ def test_close_gives_the_signals_back_to_the_handlers_before_it(fallback: list[i
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
     os.kill(os.getpid(), signal.SIGTERM)
     assert fallback == [signal.SIGTERM] and stop.received == 0, "after close a signal is no longer its business"
+
+
+def signalled_on_rank_1(env) -> tuple[list[bool], int, int, str]:
+    """Six steps; rank 1 alone gets SIGHUP after the second. What each rank's should_stop said."""
+    stop = StopOnSigterm()
+    said = []
+    try:
+        for step in range(6):
+            if step == 2 and env.rank == 1:
+                os.kill(os.getpid(), signal.SIGHUP)
+            said.append(stop.should_stop())
+    finally:
+        stop.close()
+    return said, stop.received, stop.agreed, stop.signal_name
+
+
+def test_one_rank_signalled_stops_every_rank_after_the_same_step_under_its_name() -> None:
+    (said_0, received_0, agreed_0, name_0), (said_1, received_1, agreed_1, name_1) = on_ranks(2, signalled_on_rank_1)
+    # The reduce started at step 2 is read at step 3: both ranks say stop there, and from then on.
+    assert said_0 == said_1 == [False, False, False, True, True, True]
+    assert (received_0, received_1) == (0, signal.SIGHUP), "rank 0 was never signalled itself"
+    assert agreed_0 == agreed_1 == signal.SIGHUP and name_0 == name_1 == "SIGHUP"
