@@ -15,6 +15,7 @@ from {{cookiecutter.package_name}}.randomness import (
     sample_generator,
     sample_seed,
     sample_seeds,
+    seeded_by_sample,
 )
 
 INDICES = [*range(200), 1000, 2**31 + 5, 49999, 123456789, 2**40 + 3]  # as tests/test_augment.py's
@@ -36,8 +37,13 @@ def test_the_sample_generator_draws_from_the_sample_being_built_and_only_there()
         assert torch.equal(first, torch.rand(3, generator=sample_generator())), "the same sample, the same draws"
     with building_sample(1, 2, 4):
         assert not torch.equal(first, torch.rand(3, generator=sample_generator()))
-    with pytest.raises(RuntimeError, match="only known while the project's loader builds a sample"):
+    with building_sample(1, 2, 3):  # seeded as seeded_by_sample() seeds torch's global generator
+        assert sample_generator().initial_seed() == sample_seed(1, 2, 3) & (2**63 - 1)
+        with seeded_by_sample():
+            assert torch.equal(first, torch.rand(3))
+    with pytest.raises(RuntimeError) as unknown:
         current_sample()
+    assert str(unknown.value) == "current_sample() is only known while the project's loader builds a sample"
 
 
 def test_rank_states_come_back_at_the_same_world_size_and_are_seeded_afresh_on_another() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.engine.checkpoint.files import NotACheckpoint, load_checkpoint
+from {{cookiecutter.package_name}}.engine.checkpoint.files import NotACheckpoint, load_checkpoint, remove
 from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ...helpers import checkpointer
@@ -29,3 +29,14 @@ def test_a_non_checkpoint_is_refused_in_one_line_without_the_unsafe_advice(tmp_p
     resume = checkpointer(tmp_path / "run" / "checkpoints", 3, resume=str(pickled))
     with pytest.raises(ConfigError, match="checkpoint.resume=.*object.pt holds objects other than tensors"):
         resume.find_resume_payload()
+
+
+def test_remove_takes_a_file_or_a_folder_and_one_already_gone(tmp_path: Path) -> None:
+    """Pruning and setting aside race nothing: a checkpoint another writer removed first is no error."""
+    file, folder = tmp_path / "step_00000004.pt", tmp_path / "step_00000008"
+    file.write_bytes(b"x")
+    (folder / "inner").mkdir(parents=True)
+    (folder / "inner" / "shard.distcp").write_bytes(b"x")
+    for path in (file, folder, file, folder):  # the second time each is gone already
+        remove(path)
+        assert not path.exists()

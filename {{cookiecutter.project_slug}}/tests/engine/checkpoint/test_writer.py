@@ -123,12 +123,20 @@ def test_resume_never_is_refused_where_checkpoints_exist_and_a_weight_mismatch_i
     folder = tmp_path / "checkpoints"
     checkpointer(folder, keep_last=1, resume="never").refuse_to_overwrite()  # nothing there yet
     save(checkpointer(folder, keep_last=1), 4)
-    with pytest.raises(ConfigError, match=r"checkpoint.resume=never but .* already holds checkpoints \(step_0+4.pt"):
+    with pytest.raises(ConfigError) as never:
         checkpointer(folder, keep_last=1, resume="never").refuse_to_overwrite()
+    assert str(never.value) == (
+        f"checkpoint.resume=never but {folder} already holds checkpoints (step_00000004.pt); "
+        "start a new run dir (leave RUN_DIR out) or use checkpoint.resume=auto to continue it"
+    )
     checkpointer(folder, keep_last=1, resume="auto").refuse_to_overwrite()
     payload = {"format_version": 1, "step": 4, "model": torch.nn.Linear(3, 2).state_dict()}
+    with pytest.raises(RuntimeError) as torch_said:
+        torch.nn.Linear(4, 2).load_state_dict(payload["model"])
     with pytest.raises(ConfigError) as refused:
         restore(torch.nn.Linear(4, 2), payload, Path("step_4.pt"))
+    torch_lines = str(torch_said.value).strip().splitlines()[:3]  # its first three lines, on one line
+    assert str(refused.value) == f"checkpoint step_4.pt does not fit this model: {' '.join(torch_lines)[:300]}"
     assert str(refused.value).startswith("checkpoint step_4.pt does not fit this model: Error(s) in loading state_dict")
     assert "\n" not in str(refused.value) and "size mismatch" in str(refused.value)
 
@@ -146,6 +154,7 @@ def test_a_write_the_disk_failed_stops_the_job_and_one_a_lost_peer_failed_lets_t
             self.failures = failures
 
     assert is_storage_error(full) and is_storage_error(CheckpointException({1: (full, None)}))
+    assert is_storage_error(CheckpointException({0: peer, 1: full})), "bare exceptions among the failures too"
     assert not is_storage_error(peer) and not is_storage_error(CheckpointException({0: (peer, None)}))
     assert not is_storage_error(ConnectionResetError()), "a socket's OSError is a peer's"
     wrapped = RuntimeError("save failed")
