@@ -72,9 +72,10 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_at_any_world_size(
     assert_bit_identical(reference, again, LAST_STEP)
     assert store_steps(url) == [LAST_STEP, LAST_STEP - 4], "keep_last=2 in the store"
 
-    # The same checkpoint on 3 processes: every sample of the epoch once, before the kill and after.
+    # The same checkpoint on 3 processes: every sample of the epoch once, before the kill and after. The
+    # job as it was (2 epochs): the kill may come after epoch 0's end, and a finished run trains nothing.
     three = tmp_path / "three"
-    code, output = finish(start(three, 3, *JOB, "trainer.epochs=1", f"checkpoint.dir={bucket}/copy"))
+    code, output = finish(start(three, 3, *JOB, f"checkpoint.dir={bucket}/copy"))
     assert code == 0 and "saved by 2 processes, now 3" in output, output[-3000:]
     if saved < 16:  # the kill came in the first epoch: it is the one split between the two runs
         before, after = audit(logs, saved).get(0, []), audit(three, 10**9).get(0, [])
@@ -91,8 +92,9 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_at_any_world_size(
     assert code == 0 and "resumed from" in output and store_steps(sharded_url)[0] == LAST_STEP, output[-3000:]
 
     # The store lost in the middle of a run: retried for checkpoint.store_retry_s, then one line.
+    # Epochs to spare: the job must still be saving when the store goes, however slow the polling is.
     lost, lost_url = tmp_path / "lost", f"{bucket}/lost"
-    proc = start(lost, 2, *JOB, f"checkpoint.dir={lost_url}", "checkpoint.store_retry_s=3")
+    proc = start(lost, 2, *JOB, "trainer.epochs=40", f"checkpoint.dir={lost_url}", "checkpoint.store_retry_s=3")
     wait_for(lambda: bool(store_steps(lost_url)), "a first checkpoint in the store")
     s3_server.stop()
     code, output = finish(proc)
