@@ -50,3 +50,9 @@ def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> 
     resumed = fp16_runner(clip=1e-3)
     resumed.load_state_dict({"grad_scaler": {**state, "scale": 1024.0}})
     assert resumed.state_dict()["grad_scaler"]["scale"] == 1024.0
+
+
+def test_an_fp16_run_resumed_from_a_checkpoint_without_a_scaler_keeps_its_own() -> None:
+    resumed = fp16_runner(clip=None)
+    resumed.load_state_dict({"grad_scaler": {}})  # the checkpoint of an fp32 or bf16 run
+    assert resumed.state_dict()["grad_scaler"]["scale"] == 65536.0

@@ -1,14 +1,20 @@
 """engine/checkpoint/manager.py through a Trainer in this process: a checkpoint's state loads back exactly,
-and one of a newer format is refused in one line."""
+and one of a newer format is refused in one line; a save says how long it held training and never
+writes non-finite weights; a resume says where it resumed from and what settings it changed."""
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
-from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.errors import ConfigError, JobError
 
 from ...helpers import assert_same, trainer
 
@@ -31,3 +37,37 @@ def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path: Path) -
     saved = trainer(tmp_path / "a").state_dict()
     with pytest.raises(ConfigError, match=r"format version 99, newer than this code's 1: update the project's code"):
         trainer(tmp_path / "b").load_state_dict({**saved, "format_version": 99}, "step_5.pt")
+
+
+def test_a_save_says_how_long_it_held_training_and_diverged_weights_are_never_written(tmp_path: Path, caplog) -> None:
+    trained = trainer(tmp_path)
+    caplog.set_level(logging.INFO)
+    before = time.perf_counter()
+    held = trained.save()
+    elapsed_ms = 1e3 * (time.perf_counter() - before)
+    trained.checkpoints.wait()
+    assert held is not None and 0 <= held <= elapsed_ms, (held, elapsed_ms)
+    assert f"checkpoint of step 0: training held {held:.1f} ms, writing in the background" in caplog.messages
+    assert [path.name for path in list_checkpoints(tmp_path / "checkpoints")] == ["step_00000000.pt"]
+    trained.state.step = 1
+    with torch.no_grad():
+        next(trained.model.parameters()).view(-1)[0] = float("nan")
+    with pytest.raises(JobError) as diverged:
+        trained.save()
+    assert str(diverged.value) == (
+        "training diverged by step 1: the weights are not finite, so no checkpoint was written; "
+        "lower optim.lr or set trainer.clip_grad_norm, then resume from the last checkpoint"
+    )
+    trained.checkpoints.wait()
+    assert [path.name for path in list_checkpoints(tmp_path / "checkpoints")] == ["step_00000000.pt"]
+
+
+def test_a_resume_says_where_from_and_which_settings_it_changed(tmp_path: Path, caplog) -> None:
+    saved = trainer(tmp_path / "a").state_dict()
+    caplog.set_level(logging.INFO)
+    trainer(tmp_path / "b", "optim.lr=0.05").load_state_dict(saved, "step_0.pt")
+    assert "resumed from step_0.pt: epoch 0, step 0, 0 samples into the epoch (saved by 1 processes, now 1)" in (
+        caplog.messages
+    )
+    changed = [m for m in caplog.messages if m.startswith("resumed with settings other than the checkpoint's: ")]
+    assert len(changed) == 1 and re.fullmatch(r".*: optim\.lr: [\d.]+ -> 0\.05", changed[0]), caplog.messages
