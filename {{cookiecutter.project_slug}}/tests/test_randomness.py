@@ -37,10 +37,12 @@ def test_the_sample_generator_draws_from_the_sample_being_built_and_only_there()
         assert torch.equal(first, torch.rand(3, generator=sample_generator())), "the same sample, the same draws"
     with building_sample(1, 2, 4):
         assert not torch.equal(first, torch.rand(3, generator=sample_generator()))
-    with building_sample(1, 2, 3):  # seeded as seeded_by_sample() seeds torch's global generator
-        assert sample_generator().initial_seed() == sample_seed(1, 2, 3) & (2**63 - 1)
-        with seeded_by_sample():
-            assert torch.equal(first, torch.rand(3))
+    for index in range(3, 11):  # seeded as seeded_by_sample() seeds torch's global generator: all 63 bits
+        with building_sample(1, 2, index):
+            assert sample_generator().initial_seed() == sample_seed(1, 2, index) & (2**63 - 1)
+            drawn = torch.rand(3, generator=sample_generator())
+            with seeded_by_sample():
+                assert torch.equal(drawn, torch.rand(3))
     with pytest.raises(RuntimeError) as unknown:
         current_sample()
     assert str(unknown.value) == "current_sample() is only known while the project's loader builds a sample"

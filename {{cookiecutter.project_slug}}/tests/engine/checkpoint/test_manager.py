@@ -65,9 +65,12 @@ def test_a_save_says_how_long_it_held_training_and_diverged_weights_are_never_wr
 def test_a_resume_says_where_from_and_which_settings_it_changed(tmp_path: Path, caplog) -> None:
     saved = trainer(tmp_path / "a").state_dict()
     caplog.set_level(logging.INFO)
-    trainer(tmp_path / "b", "optim.lr=0.05").load_state_dict(saved, "step_0.pt")
+    trainer(tmp_path / "b", "optim.lr=0.05", "trainer.log_every_n_steps=7").load_state_dict(saved, "step_0.pt")
     assert "resumed from step_0.pt: epoch 0, step 0, 0 samples into the epoch (saved by 1 processes, now 1)" in (
         caplog.messages
     )
     changed = [m for m in caplog.messages if m.startswith("resumed with settings other than the checkpoint's: ")]
-    assert len(changed) == 1 and re.fullmatch(r".*: optim\.lr: [\d.]+ -> 0\.05", changed[0]), caplog.messages
+    assert len(changed) == 1, caplog.messages
+    parts = changed[0].split(": ", 1)[1].split("; ")  # each change "key: old -> new", "; " apart
+    assert sorted(part.split(": ")[0] for part in parts) == ["optim.lr", "trainer.log_every_n_steps"], changed[0]
+    assert all(re.fullmatch(r"[\w.]+: \S+ -> \S+", part) for part in parts) and " -> 0.05" in changed[0], changed[0]
