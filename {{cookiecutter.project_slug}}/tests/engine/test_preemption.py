@@ -70,13 +70,14 @@ def test_close_gives_the_signals_back_to_the_handlers_before_it(fallback: list[i
     assert fallback == [signal.SIGTERM] and stop.received == 0, "after close a signal is no longer its business"
 
 
-def signalled_on_rank_1(env) -> tuple[list[bool], int, int, str]:
-    """Six steps; rank 1 alone gets SIGHUP after the second. What each rank's should_stop said."""
+def signalled_on_rank_1(env, everywhere: bool = False) -> tuple[list[bool], int, int, str]:
+    """Six steps; rank 1 alone (or, `everywhere`, every rank) gets SIGHUP after the second. What each
+    rank's should_stop said."""
     stop = StopOnSigterm()
     said = []
     try:
         for step in range(6):
-            if step == 2 and env.rank == 1:
+            if step == 2 and (env.rank == 1 or everywhere):
                 os.kill(os.getpid(), signal.SIGHUP)
             said.append(stop.should_stop())
     finally:
@@ -90,3 +91,9 @@ def test_one_rank_signalled_stops_every_rank_after_the_same_step_under_its_name(
     assert said_0 == said_1 == [False, False, False, True, True, True]
     assert (received_0, received_1) == (0, signal.SIGHUP), "rank 0 was never signalled itself"
     assert agreed_0 == agreed_1 == signal.SIGHUP and name_0 == name_1 == "SIGHUP"
+
+
+def test_a_signal_every_rank_got_is_agreed_under_its_own_name() -> None:
+    for said, received, agreed, name in on_ranks(2, signalled_on_rank_1, True):
+        assert said == [False, False, False, True, True, True]
+        assert received == agreed == signal.SIGHUP and name == "SIGHUP", "the ranks' flags are max-reduced, not summed"

@@ -56,3 +56,12 @@ def test_an_fp16_run_resumed_from_a_checkpoint_without_a_scaler_keeps_its_own() 
     resumed = fp16_runner(clip=None)
     resumed.load_state_dict({"grad_scaler": {}})  # the checkpoint of an fp32 or bf16 run
     assert resumed.state_dict()["grad_scaler"]["scale"] == 65536.0
+
+
+def test_clip_grad_norm_0_leaves_the_gradient_unclipped() -> None:
+    runner = fp16_runner(clip=0.0)
+    before = [p.detach().clone() for p in runner.trained.parameters()]
+    runner.micro_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4), 4, sync=True)
+    runner.optimizer_step()
+    moved = torch.stack([(a.detach() - b).norm() for a, b in zip(runner.trained.parameters(), before, strict=True)])
+    assert moved.norm() > 1e-2, "trainer.clip_grad_norm=0 is off, not a clip to norm 0"
