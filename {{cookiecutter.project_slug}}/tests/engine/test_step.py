@@ -1,4 +1,5 @@
-"""step.py in this process: the fp16 loss scale and clipping, the deterministic switch."""
+"""step.py in this process: the fp16 loss scale and clipping, the deterministic switch, what a sample's
+weight does to the loss (padding, weight 0, adds nothing)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,21 @@ def test_clip_grad_norm_0_leaves_the_gradient_unclipped() -> None:
     runner.optimizer_step()
     moved = torch.stack([(a.detach() - b).norm() for a, b in zip(runner.trained.parameters(), before, strict=True)])
     assert moved.norm() > 1e-2, "trainer.clip_grad_norm=0 is off, not a clip to norm 0"
+
+
+def test_padding_of_weight_0_adds_nothing_to_the_loss_or_the_gradient() -> None:
+    config = TrainerConfig(
+        epochs=1, log_every_n_steps=1, record_samples=False, precision="fp32", channels_last=False, compile=False,
+        grad_accum_steps=1, clip_grad_norm=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    runner = StepRunner(model, torch.optim.SGD(model.parameters(), lr=1.0), config, torch.device("cpu"), 1)
+    inputs, targets = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
+    loss = runner.micro_step(inputs, targets, torch.tensor([1.0, 1.0, 0.0, 0.0]), real_samples=2, sync=True)
+    padded = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = nn.functional.cross_entropy(model(inputs[:2]), targets[:2])  # the 2 real samples' mean
+    expected.backward()
+    assert torch.allclose(loss, expected.detach())
+    assert all(torch.allclose(a, p.grad) for a, p in zip(padded, model.parameters(), strict=True))
