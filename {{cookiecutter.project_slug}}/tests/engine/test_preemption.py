@@ -1,5 +1,5 @@
 """preemption.py: SIGTERM, SIGINT and SIGHUP become an agreed stop, in this process (a world of one, no
-group) and on 2 gloo ranks (one rank signalled, both stop after the same step under its name)."""
+group) and on 2 gloo ranks (one rank signalled or both, both stop after the same step under its name)."""
 
 from __future__ import annotations
 

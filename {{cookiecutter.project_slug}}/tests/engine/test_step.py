@@ -27,18 +27,18 @@ def test_deterministic_switch_sets_every_gpu_knob(monkeypatch: pytest.MonkeyPatc
         torch.use_deterministic_algorithms(False)
 
 
-def fp16_runner(clip: float) -> StepRunner:
+def linear_runner(clip: float, precision: str = "fp16") -> StepRunner:
     torch.manual_seed(0)
     model = nn.Linear(8, 3)
     config = TrainerConfig(
-        epochs=1, log_every_n_steps=1, record_samples=False, precision="fp16", channels_last=False, compile=False,
+        epochs=1, log_every_n_steps=1, record_samples=False, precision=precision, channels_last=False, compile=False,
         grad_accum_steps=1, clip_grad_norm=clip,
     )  # fmt: skip
     return StepRunner(model, torch.optim.SGD(model.parameters(), lr=1.0), config, torch.device("cpu"), 1)
 
 
 def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> None:
-    runner = fp16_runner(clip=1e-3)
+    runner = linear_runner(clip=1e-3)
     before = [p.detach().clone() for p in runner.trained.parameters()]
     loss = runner.micro_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4), 4, sync=True)
     runner.optimizer_step()
@@ -48,19 +48,19 @@ def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> 
     assert loss > 0 and moved == pytest.approx(1e-3, rel=0.05)
     state = runner.state_dict()["grad_scaler"]  # the runner's part of a checkpoint
     assert state["scale"] == 65536.0
-    resumed = fp16_runner(clip=1e-3)
+    resumed = linear_runner(clip=1e-3)
     resumed.load_state_dict({"grad_scaler": {**state, "scale": 1024.0}})
     assert resumed.state_dict()["grad_scaler"]["scale"] == 1024.0
 
 
 def test_an_fp16_run_resumed_from_a_checkpoint_without_a_scaler_keeps_its_own() -> None:
-    resumed = fp16_runner(clip=None)
+    resumed = linear_runner(clip=0.0)
     resumed.load_state_dict({"grad_scaler": {}})  # the checkpoint of an fp32 or bf16 run
     assert resumed.state_dict()["grad_scaler"]["scale"] == 65536.0
 
 
 def test_clip_grad_norm_0_leaves_the_gradient_unclipped() -> None:
-    runner = fp16_runner(clip=0.0)
+    runner = linear_runner(clip=0.0)
     before = [p.detach().clone() for p in runner.trained.parameters()]
     runner.micro_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4), 4, sync=True)
     runner.optimizer_step()
@@ -69,13 +69,8 @@ def test_clip_grad_norm_0_leaves_the_gradient_unclipped() -> None:
 
 
 def test_padding_of_weight_0_adds_nothing_to_the_loss_or_the_gradient() -> None:
-    config = TrainerConfig(
-        epochs=1, log_every_n_steps=1, record_samples=False, precision="fp32", channels_last=False, compile=False,
-        grad_accum_steps=1, clip_grad_norm=0.0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = nn.Linear(8, 3)
-    runner = StepRunner(model, torch.optim.SGD(model.parameters(), lr=1.0), config, torch.device("cpu"), 1)
+    runner = linear_runner(clip=0.0, precision="fp32")
+    model = runner.trained
     inputs, targets = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
     loss = runner.micro_step(inputs, targets, torch.tensor([1.0, 1.0, 0.0, 0.0]), real_samples=2, sync=True)
     padded = [p.grad.clone() for p in model.parameters()]
