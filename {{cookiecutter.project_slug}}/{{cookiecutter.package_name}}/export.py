@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .engine.checkpoint.files import NotACheckpoint, load_checkpoint, write_atomically
-from .engine.checkpoint.weights import load_weights
+from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, write_atomically
+from .engine.checkpoint.weights import has_ema, load_weights
 from .engine.components import build_model
 from .engine.distributed import weights_fingerprint
 from .errors import ConfigError, fail
 
 
 def export(checkpoint: Path, out: Path) -> str:
-    """Write the checkpoint's model weights to `out`; their fingerprint (as a run's end logs it)."""
+    """Write the checkpoint's model weights to `out` (the EMA's, where the run kept one); their
+    fingerprint. `checkpoint` may be `<run dir>/checkpoints/best` (checkpoint.keep_best's best)."""
+    if checkpoint.name == "best":
+        checkpoint = best_checkpoint(checkpoint)
     if out.exists():
         raise ConfigError(f"{out} exists: give another output path (nothing is overwritten)")
     try:
@@ -31,12 +34,14 @@ def export(checkpoint: Path, out: Path) -> str:
     weights = model.state_dict()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(weights, out)
-    return f"weights at step {payload['step']}: sha256 {weights_fingerprint(weights)}"
+    kind = "EMA weights (trainer.ema)" if has_ema(checkpoint, payload) else "weights"  # what validation scored
+    return f"{kind} at step {payload['step']}: sha256 {weights_fingerprint(weights)}"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a run's checkpoints/step_<N>.pt (ddp) or step_<N>/ (sharded)")
+    where = "a run's checkpoints/step_<N>.pt (ddp), step_<N>/ (sharded), or checkpoints/best (keep_best)"
+    parser.add_argument("checkpoint", type=Path, help=where)
     parser.add_argument("out", type=Path, help="the file to write (must not exist)")
     args = parser.parse_args(argv)
     try:

@@ -25,8 +25,19 @@ from ..helpers import PROJECT_DIR, compose_config
         ("dist.timeout_s=0", "dist.timeout_s"),
         ("data.batch_size=abc", "data.batch_size"),
         ("data.augment=maybe", "data.augment"),
-        ("optim.warmup_epochs=-1", "optim.warmup_epochs"),
-        ("optim.scheduler=linear", "optim.scheduler"),
+        ("scheduler.warmup_epochs=-1", "scheduler.warmup_epochs"),
+        ("scheduler.warmup_steps=1.5", "scheduler.warmup_steps"),
+        ("scheduler=constant scheduler._target_=null", "scheduler"),
+        ("trainer.max_steps=-1", "trainer.max_steps"),
+        ("trainer.val_every_n_steps=-2", "trainer.val_every_n_steps"),
+        ("trainer.early_stop_patience=-1", "trainer.early_stop_patience"),
+        ("trainer.early_stop_min_delta=-0.1", "trainer.early_stop_min_delta"),
+        ("trainer.ema.decay=1", "trainer.ema.decay"),
+        ("trainer.ema.start_step=-1", "trainer.ema.start_step"),
+        ("checkpoint.keep_best=-1", "checkpoint.keep_best"),
+        ("checkpoint.mode=lowest", "checkpoint.mode"),
+        ("checkpoint.monitor=loss", "checkpoint.monitor"),
+        ("model.init_from=w.pt checkpoint.resume=other/step_00000001.pt", "model.init_from"),
         ("model._target_=null", "model"),
         ("checkpoint.keep_last=0", "checkpoint.keep_last"),
         ("trainer.precision=fp8", "trainer.precision"),
@@ -36,7 +47,7 @@ from ..helpers import PROJECT_DIR, compose_config
 )
 def test_impossible_values_fail_naming_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as error:
-        to_train_config(compose_config(["data=synthetic", override]))
+        to_train_config(compose_config(["data=synthetic", *override.split()]))
     assert "\n" not in str(error.value)
 
 

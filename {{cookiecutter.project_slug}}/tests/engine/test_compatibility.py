@@ -101,3 +101,23 @@ def test_nodes_launched_with_other_settings_stop_together_naming_the_keys_and_no
         "the nodes were launched with different settings (node 1: data.train_size=512 where node 0 has 4096; "
         "optim.lr=0.01 where node 0 has 0.1): launch every node with the same overrides"
     )
+
+
+def test_a_run_by_steps_or_stopped_early_is_finished_and_says_how_it_would_go_on() -> None:
+    by_steps = plain("trainer.max_steps=30")
+    at_end = {"epoch": 1, "step": 30, "samples_in_epoch": 64}
+    with pytest.raises(ConfigError, match=r"has finished \(step 30 of 30\) .*or more trainer.max_steps to go on"):
+        resume(by_steps, plain("trainer.max_steps=30", "optim.lr=0.01"), at=at_end)
+    assert resume(by_steps, plain("trainer.max_steps=40", "optim.lr=0.01"), at=at_end)  # more steps: it trains
+    stopped = {**MIDWAY, "monitor": {"stopped": "val_loss has not improved for 3 validations"}}
+    with pytest.raises(ConfigError, match=r"\(stopped early: val_loss has not improved .*or a new run dir to go on"):
+        resume(plain(), plain("trainer.epochs=9"), at=stopped)
+
+
+def test_model_init_from_is_read_by_a_new_run_only_and_new_settings_at_their_default_change_nothing() -> None:
+    assert resume(plain(), plain("model.init_from=other/w.pt")) == ["model.init_from: None -> 'other/w.pt'"]
+    assert resume(plain("model.init_from=a.pt"), plain(), at=FINISHED) == ["model.init_from: 'a.pt' -> None"]
+    older = plain()  # a checkpoint written before trainer.max_steps and the EMA existed
+    for key in ("max_steps", "val_every_n_steps", "ema"):
+        del older["trainer"][key]
+    assert resume(older, plain()) == []

@@ -13,21 +13,10 @@ import torch
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.build import build_trainer
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
-from {{cookiecutter.package_name}}.engine.trainer import optimizer_steps
 from {{cookiecutter.package_name}}.placement import DistEnv
 from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER, STOPPED_MARKER
 
 from ..helpers import TINY, assert_same, compose_config, on_ranks, trainer
-
-
-@pytest.mark.parametrize(("accum", "counts", "reals"), [(1, [1] * 4, [24, 24, 24, 8]), (3, [3, 1], [72, 8])])
-def test_optimizer_steps_group_the_micro_batches_of_the_epoch(tmp_path: Path, accum, counts, reals) -> None:
-    sampler = trainer(tmp_path, "data.train_size=80", "data.batch_size=24").data.sampler
-    sampler.set_epoch(0)
-    batches = iter(range(10))  # stands in for the loader: more than the epoch holds
-    steps = list(optimizer_steps(batches, sampler, accum))
-    assert [step.count for step in steps] == counts and [step.real_samples for step in steps] == reals
-    assert next(batches) == 0, "lazy: nothing is read before its step is trained"
 
 
 def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:

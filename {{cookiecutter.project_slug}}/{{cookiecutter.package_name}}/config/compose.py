@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
 from ..redaction import redact
-from .schema import DataConfig, EvalConfig, LogConfig, TrainConfig, check_optim
+from .schema import DataConfig, EvalConfig, LogConfig, TrainConfig, check_optim, check_scheduler
 from .values import require_target
 
 
@@ -38,6 +38,7 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
     require_target("model", config.model)
     require_target("task", config.task)
     check_optim(config.optim)
+    check_scheduler(config.scheduler)
     config.data = DataConfig.from_node(config.data)
     config.log = LogConfig.from_node(config.log)
     check_all(config)
@@ -78,7 +79,7 @@ def to_plain_dict(config: Any) -> dict[str, Any]:
     return redact(plain)
 
 
-CONFIG_GROUPS = ("model", "data", "optim", "task")
+CONFIG_GROUPS = ("model", "data", "optim", "scheduler", "task")
 
 
 def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> DictConfig:
@@ -101,6 +102,9 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> 
     rest = [line for item, line in zip(parsed, user_overrides, strict=True) if item not in into_saved]
     composed = compose(config_name="eval", overrides=rest)
     merged = composed.copy()
+    # A checkpoint from before the scheduler group holds the schedule's keys in optim: not optim's any more.
+    saved = {**saved, "optim": {key: value for key, value in saved.get("optim", {}).items()
+                                if key not in ("scheduler", "warmup_epochs")}}  # fmt: skip
     for section, value in saved.items():
         if section in given or section not in composed:
             continue

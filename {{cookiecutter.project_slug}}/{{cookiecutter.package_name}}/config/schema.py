@@ -16,8 +16,8 @@ from .values import (
     BACKENDS,
     COMM_HOOKS,
     LOSS_SCALING,
+    MONITOR_MODES,
     PRECISIONS,
-    SCHEDULERS,
     STRATEGY_SECTIONS,
     flag,
     number,
@@ -71,21 +71,47 @@ def collate_node(node: Any) -> dict[str, Any] | None:
 
 
 def check_optim(node: Any) -> None:
-    """optim: `_target_` (any torch.optim class) and its arguments, plus the project's schedule keys."""
+    """optim: `_target_` (any torch.optim class) and its arguments."""
     require_target("optim", node)
     number("optim.lr", node.get("lr"), 0, strictly=True)
     number("optim.weight_decay", node.get("weight_decay", 0.0), 0)
-    require_choice("optim.scheduler", node.get("scheduler", "cosine"), SCHEDULERS)
-    number("optim.warmup_epochs", node.get("warmup_epochs", 0.0), 0)
+    for moved in ("scheduler", "warmup_epochs"):  # the learning-rate schedule has its own group now
+        require(
+            moved not in node,
+            f"optim.{moved} is now scheduler{'.warmup_epochs' if moved == 'warmup_epochs' else ''}: the schedule "
+            "is its own group (scheduler=cosine | constant | your _target_, configs/scheduler/)",
+        )
     if "betas" in node:
         betas = node["betas"]
         in_range = isinstance(betas, list) and all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)
         require(in_range and len(betas) == 2, f"optim.betas must be two numbers in [0, 1), got {betas}")
 
 
+def check_scheduler(node: Any) -> None:
+    """scheduler: `_target_` (the project's Cosine or Constant, any torch.optim.lr_scheduler class, or the
+    user's own) and its arguments, plus the warm-up keys, the project's (engine/schedule.py)."""
+    require_target("scheduler", node)
+    number("scheduler.warmup_epochs", node.get("warmup_epochs", 0.0), 0)
+    whole_number("scheduler.warmup_steps", node.get("warmup_steps", 0), 0)
+
+
+@dataclass
+class EMAConfig:
+    decay: float = MISSING
+    start_step: int = MISSING
+
+    def check(self) -> None:
+        require(0 <= self.decay < 1, f"trainer.ema.decay must be in [0, 1) (0: off), got {self.decay}: e.g. 0.999")
+        require(self.start_step >= 0, f"trainer.ema.start_step must be >= 0, got {self.start_step}")
+
+
 @dataclass
 class TrainerConfig:
     epochs: int = MISSING
+    max_steps: int = MISSING
+    val_every_n_steps: int = MISSING
+    early_stop_patience: int = MISSING
+    early_stop_min_delta: float = MISSING
     log_every_n_steps: int = MISSING
     record_samples: bool = MISSING
     precision: str = MISSING
@@ -96,9 +122,15 @@ class TrainerConfig:
     deterministic: bool = MISSING
     profile_steps: str = MISSING
     memory_snapshot: bool = MISSING
+    activation_checkpointing: bool = MISSING
+    ema: EMAConfig = field(default_factory=EMAConfig)
 
     def check(self) -> None:
         require_positive("trainer.epochs", self.epochs)
+        for key in ("max_steps", "val_every_n_steps", "early_stop_patience"):
+            require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0 (0: off), got {getattr(self, key)}")
+        require(self.early_stop_min_delta >= 0, f"trainer.early_stop_min_delta must be >= 0, got "
+                                                f"{self.early_stop_min_delta}")  # fmt: skip
         require_positive("trainer.log_every_n_steps", self.log_every_n_steps)
         require_choice("trainer.precision", self.precision, PRECISIONS)
         require_positive("trainer.grad_accum_steps", self.grad_accum_steps)
@@ -169,10 +201,20 @@ class CheckpointConfig:
     allow_changes: list[str] = MISSING
     dir: str = ""  # where checkpoints go: "" for <run dir>/checkpoints, a folder, or s3://bucket/prefix
     store_retry_s: float = 120.0  # a failing store is retried this long, then the job stops (store.py)
+    keep_best: int = MISSING
+    monitor: str = MISSING
+    mode: str = MISSING
 
     def check(self) -> None:
         require(self.every_n_steps >= 0, f"checkpoint.every_n_steps must be >= 0, got {self.every_n_steps}")
         require_positive("checkpoint.keep_last", self.keep_last)
+        require(self.keep_best >= 0, f"checkpoint.keep_best must be >= 0 (0: off), got {self.keep_best}")
+        require_choice("checkpoint.mode", self.mode, MONITOR_MODES)
+        require(
+            self.monitor.startswith("val_"),
+            f"checkpoint.monitor={self.monitor!r} is not a validation figure: give val_<metric> as metrics.jsonl "
+            "names it, e.g. val_loss or val_acc",
+        )
         require_positive("checkpoint.store_retry_s", self.store_retry_s)
 
 
@@ -207,7 +249,8 @@ class TrainConfig:
     seed: int = MISSING
     model: Any = MISSING  # _target_ (returns an nn.Module) and its arguments
     data: Any = MISSING  # a DataConfig once checked
-    optim: Any = MISSING  # _target_ (a torch.optim class) and its arguments; scheduler, warmup_epochs
+    optim: Any = MISSING  # _target_ (a torch.optim class) and its arguments
+    scheduler: Any = MISSING  # _target_ (a learning-rate scheduler) and its arguments; warmup_epochs, warmup_steps
     task: Any = MISSING  # _target_: the loss and the metrics (tasks.py)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
@@ -221,6 +264,12 @@ class TrainConfig:
     def check(self) -> None:
         require_choice("strategy", self.strategy, tuple(STRATEGY_SECTIONS))
         check_strategy_options(self)
+        init_from = self.model.get("init_from") if isinstance(self.model, dict) else None
+        require(
+            not init_from or self.checkpoint.resume in ("auto", "never"),
+            f"model.init_from={init_from} starts a new run from weights, and checkpoint.resume="
+            f"{self.checkpoint.resume} continues another run: give one of them",
+        )
 
 
 def check_strategy_options(config: TrainConfig) -> None:

@@ -43,7 +43,7 @@ def require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
-SCHEDULERS = ("cosine", "constant")
+MONITOR_MODES = ("min", "max")
 # Each strategy (engine/strategies/<name>.py) and the config sections it reads. A section no chosen
 # strategy reads, set to anything but train.yaml's value, would be silently ignored: it is refused.
 STRATEGY_SECTIONS = {"ddp": ("ddp",), "fsdp": ("fsdp",), "hsdp": ("fsdp", "hsdp")}

@@ -4,6 +4,7 @@ the run dir (or checkpoint.resume) holds one."""
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -17,11 +18,17 @@ from ..observe.profiling import build_profiler
 from ..observe.sinks import build_sinks
 from ..placement import DistEnv
 from ..run_dir import LOGS_DIR, METRICS_FILE
-from .checkpoint.files import local_folder
+from .activation import checkpoint_activations
+from .checkpoint.files import list_checkpoints, local_folder
 from .checkpoint.manager import CheckpointManager
 from .components import build_model, build_optimizer, build_task
-from .data import build_data
+from .data import Data, build_data
+from .ema import EMA, NoEMA
+from .evaluate import metric_names
 from .generators import RankGenerators
+from .init_weights import initialise_from
+from .monitor import Monitor
+from .schedule import RunLength, Schedule
 from .step import StepRunner, use_deterministic_kernels
 from .strategies import Strategy, build_strategy
 from .trainer import Trainer, TrainState
@@ -29,10 +36,34 @@ from .trainer import Trainer, TrainState
 log = logging.getLogger(__name__)
 
 
-def prepare_model(config: TrainConfig, env: DistEnv, strategy: Strategy) -> nn.Module:
-    """The configured model on this rank's device, in its memory layout, as the strategy holds it."""
+def prepare_model(config: TrainConfig, env: DistEnv, strategy: Strategy, has_checkpoint: bool = False) -> nn.Module:
+    """The configured model (from model.init_from's weights where a new run asks) on this rank's device,
+    its blocks recomputed in the backward if asked, in its memory layout, as the strategy holds it."""
+    model = build_model(config.model)
+    if config.model.get("init_from"):
+        initialise_from(model, config.model["init_from"], env, has_checkpoint)
+    if config.trainer.activation_checkpointing:
+        checkpoint_activations(model, config.fsdp.blocks)
     layout = torch.channels_last if config.trainer.channels_last else torch.preserve_format
-    return strategy.prepare(build_model(config.model).to(env.device, memory_format=layout))
+    return strategy.prepare(model.to(env.device, memory_format=layout))
+
+
+def build_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer, data: Data) -> Schedule:
+    """The learning rate of each step: the scheduler group after its warm-up, over the run's length."""
+    sampler = data.sampler
+    steps_per_epoch = math.ceil(math.ceil(sampler.dataset_size / sampler.global_batch_size)
+                                / config.trainer.grad_accum_steps)  # fmt: skip
+    length = RunLength.of(config.scheduler, config.trainer.epochs, config.trainer.max_steps, steps_per_epoch)
+    return Schedule(config.scheduler, optimizer, length)
+
+
+def build_ema(config: TrainConfig, model: nn.Module) -> EMA | NoEMA:
+    ema = config.trainer.ema
+    if not ema.decay:
+        return NoEMA()
+    log.info("trainer.ema: validation, eval.py and the export use the average of the weights (decay %g, "
+             "averaging after step %d)", ema.decay, ema.start_step)  # fmt: skip
+    return EMA(model, ema.decay, ema.start_step)
 
 
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
@@ -42,8 +73,15 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     data = build_data(config.data, env, config.seed)
     task = build_task(config.task)
     strategy = build_strategy(config, env)
-    model = prepare_model(config, env, strategy)  # before the optimizer, which steps on what it holds
+    folder = local_folder(run_dir, config.checkpoint)  # checkpoint.dir, or the run dir's checkpoints/
+    has_checkpoint = config.checkpoint.resume != "never" and bool(list_checkpoints(folder))
+    model = prepare_model(config, env, strategy, has_checkpoint)  # before the optimizer, which steps on what it holds
     optimizer = build_optimizer(config.optim, model)
+    schedule = build_schedule(config, optimizer, data)
+    monitor = Monitor.of(config.checkpoint, config.trainer)
+    if monitor.enabled:  # a monitor the validation does not give: refused before any step
+        monitor.check_names(metric_names(model, data.val_loader, task, env.device))
+    ema = build_ema(config, model)
     log.info(
         "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",
         config.model["_target_"], count_parameters(model), env.device, env.backend, env.world_size,
@@ -54,9 +92,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     runner = StepRunner(trained, optimizer, config.trainer, env.device, env.world_size, task, strategy)
     state, generators = TrainState(), RankGenerators(config.seed, env)
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)
-    owners = [state, runner, *(sink for sink in sinks if hasattr(sink, "state_dict")), generators]  # generators last
+    owners = [state, runner, schedule, monitor, ema, *(sink for sink in sinks if hasattr(sink, "state_dict")),
+              generators]  # fmt: skip  # generators last
     plain_config = to_plain_dict(config)
-    folder = local_folder(run_dir, config.checkpoint)  # checkpoint.dir, or the run dir's checkpoints/
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs
     )
@@ -75,9 +113,14 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         sample_audit=MetricsLog(run_dir / LOGS_DIR / f"samples_rank_{env.rank}.jsonl", config.trainer.record_samples),
         stalls=build_stall_watch(env.rank, env.world_size, config.dist.timeout_s),
         profiler=build_profiler(config.trainer, run_dir, env),
+        schedule=schedule,
+        monitor=monitor,
+        ema=ema,
         state=state,
     )
     found = checkpoints.resume()
+    if monitor.keep_best:  # the best of the run so far, kept by the next prune
+        checkpoints.keep_best(monitor.kept_steps())
     if found is None:  # last, so that nothing above draws from them: each rank's own generators (dropout)
         generators.start_afresh()
     trainer.metrics.drop_after(state.step)

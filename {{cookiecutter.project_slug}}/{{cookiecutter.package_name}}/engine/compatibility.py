@@ -33,8 +33,10 @@ REFUSED = ("model", "optim._target_", "seed", "data")
 # The same samples, batched otherwise or cached elsewhere (data=shards' local cache of a store's shards).
 LOADER_KEYS = ("data.batch_size", "data.num_workers", "data.on_device", "data.cache_dir", "data.cache_limit_gb")
 # What a finished run may be relaunched with, changed, without anything being silently ignored.
+# model.init_from: only a new run reads it (init_weights.py), so a resume never refuses it.
+STARTING_KEYS = ("model.init_from",)
 OPERATIONAL = ("log", "dist", "checkpoint", "trainer.log_every_n_steps", "trainer.record_samples",
-               "trainer.profile_steps", "trainer.memory_snapshot", *LOADER_KEYS)  # fmt: skip
+               "trainer.profile_steps", "trainer.memory_snapshot", *LOADER_KEYS, *STARTING_KEYS)  # fmt: skip
 SHOWN = 4  # differences named in one line
 
 
@@ -59,6 +61,8 @@ def differences(saved: dict[str, Any], config: dict[str, Any]) -> dict[str, tupl
     old, new = leaves(saved), leaves(config)
     changed = {key: (old.get(key), new.get(key)) for key in sorted({*old, *new}) if old.get(key) != new.get(key)}
     changed.pop("checkpoint.resume", None)  # where it resumes from: the point of a resume
+    for key in [key for key in changed if key not in old and changed[key][1] in (None, 0, 0.0, False, "")]:
+        del changed[key]  # a setting newer than the checkpoint, off: it changes nothing
     changed.pop("checkpoint.allow_changes", None)
     for key in list(changed):
         name = key.rsplit(".", 1)[-1]
@@ -72,12 +76,22 @@ def listed(changed: dict[str, tuple[Any, Any]], keys: list[str]) -> str:
     return shown + (f"; and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
 
 
+def run_finished(payload: dict[str, Any], epochs: int, max_steps: int) -> bool:
+    """Whether a run at this state (a checkpoint's payload, or the trainer's) has trained all it will:
+    stopped early, at trainer.max_steps where set, else after its trainer.epochs whole epochs."""
+    if (payload.get("monitor") or {}).get("stopped"):
+        return True
+    if max_steps:
+        return payload.get("step", 0) >= max_steps
+    return payload.get("epoch", 0) >= epochs and payload.get("samples_in_epoch", 0) == 0
+
+
 def check_resumable(path: Path | str, payload: dict[str, Any], config: dict[str, Any], epochs: int) -> list[str]:
     """Refuse a resume that would break a promise (ConfigError, one line); else the changes it makes,
     one string each, for the log. `config` is the plain config the run continues with."""
     changed = differences(payload.get("config", {}), config)
     allowed = list(config.get("checkpoint", {}).get("allow_changes", []))
-    refused = [key for key in changed if under(key, REFUSED) and not under(key, LOADER_KEYS)]
+    refused = [key for key in changed if under(key, REFUSED) and not under(key, (*LOADER_KEYS, *STARTING_KEYS))]
     refused = [key for key in refused if not under(key, allowed)]
     model = [key for key in refused if under(key, ("model",))]
     if model:
@@ -99,14 +113,17 @@ def check_resumable(path: Path | str, payload: dict[str, Any], config: dict[str,
             "dir (RUN_DIR, or RUN_NAME on many nodes) to start a new run, or accept it: "
             f"checkpoint.allow_changes=[{accept}]"
         )
-    finished = payload.get("epoch", 0) >= epochs and payload.get("samples_in_epoch", 0) == 0
+    max_steps = config.get("trainer", {}).get("max_steps", 0)
     ignored = [key for key in changed if not under(key, OPERATIONAL)]
-    if finished and ignored:
+    if run_finished(payload, epochs, max_steps) and ignored:
+        stopped = (payload.get("monitor") or {}).get("stopped")
+        where = (f"stopped early: {stopped}" if stopped else f"step {payload.get('step')} of {max_steps}" if max_steps
+                 else f"epoch {payload['epoch']} of {epochs}, step {payload.get('step')}")  # fmt: skip
+        more = "a new run dir" if stopped else "more trainer.max_steps" if max_steps else "more trainer.epochs"
         raise ConfigError(
-            f"the run of checkpoint {path} has finished (epoch {payload['epoch']} of {epochs}, step "
-            f"{payload.get('step')}) and would train nothing with the changed settings ({listed(changed, ignored)}): "
-            "give a new run dir (RUN_DIR, or RUN_NAME on many nodes) to train with them, or more trainer.epochs to "
-            "go on"
+            f"the run of checkpoint {path} has finished ({where}) and would train nothing with the changed settings "
+            f"({listed(changed, ignored)}): give a new run dir (RUN_DIR, or RUN_NAME on many nodes) to train with "
+            f"them, or {more} to go on"
         )
     return [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items()]
 

@@ -71,8 +71,9 @@ def build(node: Mapping[str, Any], key: str, *args: Any) -> Any:
 
 
 def build_model(config: Mapping[str, Any]) -> nn.Module:
-    """A freshly initialised model (initialisation follows torch's global seed)."""
-    model = build(config, "model")
+    """A freshly initialised model (initialisation follows torch's global seed); `model.init_from`
+    is the project's key, not the model's (init_weights.py reads it)."""
+    model = build({key: value for key, value in config.items() if key != "init_from"}, "model")
     if not isinstance(model, nn.Module):
         raise ConfigError(
             f"model._target_={config['_target_']} returned a {type(model).__name__}, not a torch.nn.Module"
@@ -104,14 +105,12 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-# No weight decay on biases and normalisation weights, as is customary; the schedule's keys are
-# the project's (optim.py), the rest go to the optimizer class.
-SCHEDULE_KEYS = ("scheduler", "warmup_epochs")
+# No weight decay on biases and normalisation weights, as is customary.
 
 
 def build_optimizer(config: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
     """Any torch.optim class (or the user's own) from `optim._target_`, over the model's parameters."""
-    options = {key: value for key, value in config.items() if key not in SCHEDULE_KEYS}
+    options = dict(config)
     weight_decay = options.pop("weight_decay", 0.0)
     groups = [
         {"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": weight_decay},

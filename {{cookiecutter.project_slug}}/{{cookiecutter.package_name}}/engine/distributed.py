@@ -149,7 +149,7 @@ def broadcast_bytes(data: bytes | None, src: int, device: torch.device) -> bytes
     """Rank `src`'s bytes on every rank (a file, say), through the training backend."""
     size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)
     dist.broadcast(size, src=src)
-    if get_rank() == src and data is not None:
+    if get_rank() == src and data:
         buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     else:
         buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)

@@ -26,8 +26,8 @@ from ..placement import DistEnv
 from ..processes import die_with_parent
 from ..run_dir import CONTROL_DIR_ENV, FAILED_MARKER, REFUSED, register_resolvers, write_hydra_record, write_marker
 from .build import build_trainer
-from .checkpoint.files import NotACheckpoint, load_checkpoint
-from .checkpoint.weights import load_weights
+from .checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
+from .checkpoint.weights import has_ema, load_weights
 from .checks import check_components, check_launch
 from .compatibility import check_same_config_everywhere
 from .components import build_model, build_task
@@ -133,6 +133,8 @@ def run_eval(cfg: DictConfig) -> None:
 
     def body() -> None:
         path = Path(cfg.ckpt_path)
+        if path.name == "best":  # checkpoint.keep_best's best one
+            path = best_checkpoint(path)
         if not path.exists():
             raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt (or step_<N>/) of a run")
         try:
@@ -147,6 +149,8 @@ def run_eval(cfg: DictConfig) -> None:
             setup_logging(None, env, config.log.all_ranks_console)
             model = build_model(config.model)
             load_weights(path, model, payload)  # whatever strategy wrote it: every rank reads the whole weights
+            if has_ema(path, payload):
+                log.info("evaluating the EMA of the weights (trainer.ema), as the run's validation did")
             model.to(env.device)
             data = build_data(config.data, env, config.seed)
             result = evaluate(model, data.val_loader, build_task(config.task), env.device)

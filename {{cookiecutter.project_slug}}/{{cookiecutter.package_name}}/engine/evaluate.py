@@ -80,3 +80,15 @@ def one_sample(loader: DataLoader) -> Any:
     ranks whose own shard is shorter or empty."""
     whole = loader.dataset.dataset  # type: ignore[attr-defined]
     return next(iter(DataLoader(whole, batch_size=1, collate_fn=loader.collate_fn)))
+
+
+@torch.no_grad()
+def metric_names(model: nn.Module, loader: DataLoader, task: Any, device: torch.device) -> list[str]:
+    """The figures a validation gives (val_<metric>), from one forward of one sample (on every rank:
+    a sharded model's forward is a collective)."""
+    was_training = model.training
+    model.eval()
+    inputs, targets, _, _ = one_sample(loader)
+    names = list(task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device)))
+    model.train(was_training)
+    return [f"val_{name}" for name in names]

@@ -1,18 +1,19 @@
-"""The training loop: epochs of optimizer steps, evaluation, checkpoints; it stops on agreed signals.
+"""The training loop: epochs of optimizer steps (or trainer.max_steps of them), validation, checkpoints;
+it stops on agreed signals, and early when the monitored figure stops improving.
 
 Everything it uses is built by build.py and owned elsewhere: the strategy (strategies/) spreads the
 model over the ranks, the checkpoint manager (checkpoint/manager.py) saves and resumes, the runner
-(step.py) runs one optimizer step, the sinks (observe/) receive what metrics.jsonl receives.
+(step.py) runs one optimizer step, the schedule (schedule.py) sets its learning rate, the monitor
+(monitor.py) ranks validations, the EMA (ema.py) averages the weights, the sinks (observe/) receive
+what metrics.jsonl receives.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,66 +27,19 @@ from ..observe.profiling import Profiler
 from ..placement import DistEnv
 from ..run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
 from .checkpoint.manager import CheckpointManager
+from .compatibility import run_finished
 from .data import Data
 from .distributed import all_reduce_sum, weights_fingerprint
+from .ema import EMA, NoEMA
 from .evaluate import EvalResult, evaluate
-from .optim import lr_at, set_lr
+from .monitor import Monitor
 from .preemption import StopOnSigterm
-from .sampler import ResumableDistributedSampler
+from .progress import Interval, OptimizerStep, TrainState, optimizer_steps
+from .schedule import Schedule
 from .step import StepRunner
 from .strategies import Strategy
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainState:
-    """Where training stands: enough, with model and optimizer, to continue bit-exactly."""
-
-    epoch: int = 0
-    step: int = 0  # global optimizer steps taken
-    samples_in_epoch: int = 0  # samples of `epoch`'s order already trained on, over all ranks
-
-    def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def load_state_dict(self, payload: dict[str, Any]) -> None:
-        self.epoch, self.step, self.samples_in_epoch = payload["epoch"], payload["step"], payload["samples_in_epoch"]
-
-
-@dataclass
-class Interval:
-    """Loss and sample counts since the last log line, kept on the device: no sync per step."""
-
-    loss_sum: torch.Tensor
-    steps: int = 0
-    samples: int = 0
-    started: float = field(default_factory=time.perf_counter)
-
-    def reset(self) -> None:
-        self.loss_sum.zero_()
-        self.steps, self.samples, self.started = 0, 0, time.perf_counter()
-
-
-@dataclass
-class OptimizerStep:
-    """One optimizer step: its micro-batches (read once, in order) and its real sample count."""
-
-    micro_batches: Iterator[Any]  # (inputs, targets, weights, indices) from the loader
-    count: int  # micro-batches in the step: grad_accum_steps, fewer at the epoch's end
-    real_samples: int  # non-padding samples in the step's global batch, over all ranks
-
-
-def optimizer_steps(
-    batches: Iterable[Any], sampler: ResumableDistributedSampler, accum: int
-) -> Iterator[OptimizerStep]:
-    """The rest of the epoch's micro-batches, grouped into optimizer steps of `accum` each."""
-    batches, left, samples_done = iter(batches), sampler.steps_left(), sampler.start
-    while left > 0:
-        count = min(accum, left)
-        real_samples = sampler.real_samples_in_step(samples_done, count)
-        yield OptimizerStep(itertools.islice(batches, count), count, real_samples)
-        left, samples_done = left - count, samples_done + real_samples
 
 
 @dataclass
@@ -104,7 +58,12 @@ class Trainer:
     sample_audit: MetricsLog  # logs/samples_rank_<R>.jsonl, when trainer.record_samples is on
     stalls: StallWatch  # a rank that stalls is named; DEBUG=1 keeps every rank's stacks (hangs.py)
     profiler: Profiler  # trainer.profile_steps (profiling.py); a no-op without it
+    schedule: Schedule  # the learning rate of each step (schedule.py)
+    monitor: Monitor  # checkpoint.monitor: best checkpoints, early stopping (monitor.py)
+    ema: EMA | NoEMA  # trainer.ema (ema.py): the average validation uses
     state: TrainState = field(default_factory=TrainState)
+    validated_at: int = -1  # the step of the last validation in this process (none twice at a step)
+    last_result: EvalResult | None = None  # that validation's figures
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint holds (a collective: every rank calls it at the same point)."""
@@ -131,7 +90,7 @@ class Trainer:
             "step": self.state.step,
             "epoch": self.state.epoch,
             "train_loss": train_loss,
-            "lr": self.optimizer.param_groups[0]["lr"],
+            "lr": interval.lr,
             "samples_per_s": interval.samples / max(elapsed, 1e-9),
         }
         self.metrics.write("train", **values)
@@ -151,11 +110,15 @@ class Trainer:
 
     def train_step(self, step: OptimizerStep, interval: Interval) -> None:
         """One optimizer step over its micro-batches; gradients all-reduced once, with the last."""
-        config, state = self.config, self.state
+        state = self.state
         self.stalls.begin_step(state.step + 1)
         self.profiler.step(state.step + 1)
-        progress = state.epoch + (state.samples_in_epoch + step.real_samples) / self.data.sampler.dataset_size
-        set_lr(self.optimizer, lr_at(config.optim, progress, config.trainer.epochs))
+        if self.schedule.length.by_steps:
+            self.schedule.before_step(state.step + 1)
+        else:  # in epochs, counted in samples: the same curve at any world size
+            epochs_done = (state.samples_in_epoch + step.real_samples) / self.data.sampler.dataset_size
+            self.schedule.before_step(state.epoch + epochs_done)
+        interval.lr = self.optimizer.param_groups[0]["lr"]
         for number, (inputs, targets, weights, indices) in enumerate(step.micro_batches, 1):
             sync = number == step.count
             interval.loss_sum += self.runner.micro_step(inputs, targets, weights, step.real_samples, sync=sync)
@@ -163,6 +126,8 @@ class Trainer:
                 indices = indices[weights.cpu() > 0].tolist()
                 self.sample_audit.write("samples", step=state.step + 1, epoch=state.epoch, indices=indices)
         self.runner.optimizer_step()
+        self.schedule.after_step()
+        self.ema.update(state.step + 1)
         self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
         state.step += 1
         state.samples_in_epoch += step.real_samples
@@ -170,7 +135,8 @@ class Trainer:
         interval.samples += step.real_samples
 
     def train_epoch(self, stop: StopOnSigterm) -> None:
-        """Train the rest of the current epoch (from where a resume left it)."""
+        """Train the rest of the current epoch (from where a resume left it), or up to trainer.max_steps,
+        validating every trainer.val_every_n_steps; it ends early where the monitor stops the run."""
         config, state, sampler = self.config, self.state, self.data.sampler
         sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
         sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
@@ -181,12 +147,18 @@ class Trainer:
             from tqdm import tqdm
 
             batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {state.epoch}", leave=False)
+        max_steps, val_every = config.trainer.max_steps, config.trainer.val_every_n_steps
         for step in optimizer_steps(batches, sampler, config.trainer.grad_accum_steps):
             self.train_step(step, interval)
             if state.step % config.trainer.log_every_n_steps == 0:
                 self.log_interval(interval, bar)
-            if self.checkpoints.due(state.step, epoch_done=state.samples_in_epoch >= sampler.dataset_size):
+            epoch_done = state.samples_in_epoch >= sampler.dataset_size
+            if val_every and state.step % val_every == 0 and not epoch_done:  # an epoch's end validates anyway
+                self.validation()
+            if self.checkpoints.due(state.step, epoch_done=epoch_done):
                 self.save()
+            if self.monitor.stopped or state.step == max_steps:  # the same step on every rank
+                break  # (a stop signal now changes nothing: the run saves and ends)
             if stop.should_stop():
                 self.stop(stop)
         if interval.steps:
@@ -208,7 +180,34 @@ class Trainer:
     def validate(self) -> EvalResult:
         self.strategy.sync_buffers()  # rank 0's buffers (BatchNorm statistics) on every rank
         lockstep = self.strategy.lockstep_evaluation
-        return evaluate(self.model, self.data.val_loader, self.task, self.env.device, lockstep=lockstep)
+        with self.ema.swapped_in():  # trainer.ema: the average is what is validated
+            return evaluate(self.model, self.data.val_loader, self.task, self.env.device, lockstep=lockstep)
+
+    def validation(self, epoch_end: bool = False) -> EvalResult:
+        """Validate at this step, record it, and let the monitor rank it: a checkpoint of this step
+        where it is one of the best (at an epoch's end, of the next epoch's start: the end saves it)."""
+        state = self.state
+        started = time.perf_counter()
+        result = self.last_result = self.validate()
+        self.validated_at = state.step
+        record = result.record()
+        self.metrics.write("val", step=state.step, epoch=state.epoch, **record)
+        if not epoch_end:
+            log.info("step %d: %s (validated in %.1f s)", state.step, result.line(), time.perf_counter() - started)
+        if epoch_end:
+            self.end_epoch()
+        if self.monitor.observe(state.step, record):
+            self.checkpoints.keep_best(self.monitor.kept_steps())
+            self.save()
+        if self.monitor.stopped:
+            self.save()
+            log.info("stopping early at step %d: %s", state.step, self.monitor.stopped)
+        return result
+
+    def finished(self) -> bool:
+        """Whether the run has trained all it will (run_finished, of this state)."""
+        trainer = self.config.trainer
+        return run_finished(self.state.state_dict() | self.monitor.state_dict(), trainer.epochs, trainer.max_steps)
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
@@ -230,7 +229,8 @@ class Trainer:
             self.profiler.close()
             self.stalls.close()
         if result is None:
-            log.info("training had already finished at step %d; evaluating", self.state.step)
+            why = f" (stopped early: {self.monitor.stopped})" if self.monitor.stopped else ""
+            log.info("training had already finished at step %d%s; evaluating", self.state.step, why)
             result = self.validate()
         # After validate() every rank holds rank 0's buffers. Where each rank holds the whole weights it
         # logs their fingerprint (the same on every rank); where they are gathered, rank 0 does.
@@ -246,20 +246,22 @@ class Trainer:
     def train_epochs(self, stop: StopOnSigterm) -> EvalResult | None:
         config, state = self.config, self.state
         result = None
-        while state.epoch < config.trainer.epochs:
+        while not self.finished():
             started, start_samples = time.perf_counter(), state.samples_in_epoch
             self.train_epoch(stop)
             elapsed = time.perf_counter() - started
-            result = self.validate()
-            self.metrics.write("val", step=state.step, epoch=state.epoch, **result.record())
+            if state.samples_in_epoch < self.data.sampler.dataset_size:  # max_steps reached, or stopped early
+                result = self.last_result if self.validated_at == state.step else self.validation()
+                self.save()
+                break
+            result = self.validation(epoch_end=True)
             log.info(
-                "epoch %d/%d done in %.1f s (%.0f samples/s): %s",
-                state.epoch + 1,
-                config.trainer.epochs,
+                "epoch %d%s done in %.1f s (%.0f samples/s): %s",
+                state.epoch,  # the next one's number now: the one done, counted from 1
+                "" if config.trainer.max_steps else f"/{config.trainer.epochs}",
                 elapsed,
-                (state.samples_in_epoch - start_samples) / max(elapsed, 1e-9),
+                (self.data.sampler.dataset_size - start_samples) / max(elapsed, 1e-9),
                 result.line(),
             )
-            self.end_epoch()
             self.save()
         return result

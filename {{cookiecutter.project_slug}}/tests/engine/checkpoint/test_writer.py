@@ -3,6 +3,7 @@ holds no step up."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 
 from {{cookiecutter.package_name}}.config import CheckpointConfig
 from {{cookiecutter.package_name}}.engine.checkpoint import writer as checkpoint
-from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
+from {{cookiecutter.package_name}}.engine.checkpoint.files import best_checkpoint, load_checkpoint
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
 from {{cookiecutter.package_name}}.errors import ConfigError
 
@@ -37,6 +38,41 @@ def test_unreadable_files_are_set_aside_and_never_push_a_good_checkpoint_out(tmp
     assert sorted(path.name for path in folder.glob("*.unreadable")) == [
         f"step_{step:08d}.pt.unreadable" for step in (901, 902, 903)
     ]
+
+
+def test_the_best_checkpoints_are_kept_apart_from_keep_last_and_listed_best_first(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    checkpoints = checkpointer(folder, keep_last=2)
+    save(checkpoints, 1)
+    checkpoints.keep_best([2, 1])  # as the trainer does: before the save of the new best
+    for step in (2, 3, 4, 5):
+        save(checkpoints, step)
+    assert sorted(path.name for path in folder.glob("step_*.pt")) == [f"step_{s:08d}.pt" for s in (1, 2, 4, 5)]
+    assert json.loads((folder / "best.json").read_text()) == {"best": ["step_00000002.pt", "step_00000001.pt"],
+                                                              "steps": [2, 1]}  # fmt: skip
+    assert best_checkpoint(tmp_path / "checkpoints" / "best") == folder / "step_00000002.pt"
+    assert best_checkpoint(tmp_path) == folder / "step_00000002.pt", "a run dir finds its checkpoints/"
+    checkpoints.keep_best([5])  # 5 displaced both: they go at the next prune
+    save(checkpoints, 6)
+    assert sorted(path.name for path in folder.glob("step_*.pt")) == [f"step_{s:08d}.pt" for s in (4, 5, 6)], (
+        "keep_last=2 counts 6 and the older 4; 5 is kept apart, 1 and 2 are no longer best"
+    )
+    (folder / "step_00000005.pt").unlink()
+    with pytest.raises(ConfigError, match=r"best.json names no checkpoint that is there"):
+        best_checkpoint(folder / "best")
+    with pytest.raises(ConfigError, match=r"no best.json in .*\(train with checkpoint.keep_best=1 or more\)"):
+        best_checkpoint(tmp_path / "elsewhere" / "best")
+
+
+def test_bare_best_is_the_newest_run_under_outputs(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"best: no run under outputs/ kept best checkpoints"):
+        best_checkpoint(Path("best"))
+    for run, step in (("old", 3), ("new", 7)):
+        checkpoints = checkpointer(tmp_path / "outputs" / run / "checkpoints", keep_last=1)
+        checkpoints.keep_best([step])
+        save(checkpoints, step)
+    assert best_checkpoint(Path("best")) == Path("outputs/new/checkpoints/step_00000007.pt")
 
 
 def test_save_snapshots_the_state_and_writes_it_on_another_thread_without_waiting(tmp_path: Path, monkeypatch) -> None:

@@ -13,6 +13,7 @@ one: manager.py).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,13 +25,14 @@ from torch import nn
 
 from ...config import CheckpointConfig
 from ...errors import ConfigError
-from ...run_dir import CHECKPOINTS_DIR
+from ...run_dir import CHECKPOINTS_DIR, OUTPUT_ROOT
 from ...storage import is_remote
 
 FORMAT_VERSION = 1  # what this code writes; a checkpoint of a newer one is refused (check_format_version)
 NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards (fsdp)
 TMP_PREFIX = ".tmp_"
 TRAINER_FILE, METADATA_FILE = "trainer.pt", ".metadata"  # in a folder of shards: all but the tensors; DCP's
+BEST_FILE = "best.json"  # checkpoint.keep_best's checkpoints, best first (writer.py)
 
 
 def local_folder(run_dir: Path, config: CheckpointConfig) -> Path:
@@ -74,6 +76,45 @@ def write_atomically(payload: dict[str, Any], path: Path) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def write_text_atomically(text: str, path: Path) -> None:
+    """A small text file (best.json) replaced whole or not at all."""
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def best_checkpoint(given: Path) -> Path:
+    """What `best` names (eval.py ckpt_path=best, the export): the first checkpoint of best.json
+    (checkpoint.keep_best) that is there, in `<run dir>/best` or `<run dir>/checkpoints/best`; a bare
+    `best` is the newest run's under outputs/."""
+    if str(given) == "best":
+        listings = sorted(Path(OUTPUT_ROOT).glob(f"**/{BEST_FILE}"), key=lambda path: path.stat().st_mtime)
+        if not listings:
+            raise ConfigError(
+                f"best: no run under {OUTPUT_ROOT}/ kept best checkpoints (checkpoint.keep_best): give "
+                "<run dir>/checkpoints/best, or a step_<N>.pt path"
+            )
+        given = listings[-1].parent / "best"
+    folder = given.parent if given.name == "best" else given
+    for where in (folder, folder / CHECKPOINTS_DIR):
+        listing = where / BEST_FILE
+        if listing.is_file():
+            for name in json.loads(listing.read_text())["best"]:
+                if (where / name).exists():
+                    return where / name
+            raise ConfigError(f"{listing} names no checkpoint that is there (pruned, or not written yet)")
+    raise ConfigError(
+        f"{given}: no {BEST_FILE} in {folder} or {folder / CHECKPOINTS_DIR}: the run kept no best checkpoints "
+        "(train with checkpoint.keep_best=1 or more), or give a step_<N>.pt path"
+    )
 
 
 def remove(path: Path) -> None:

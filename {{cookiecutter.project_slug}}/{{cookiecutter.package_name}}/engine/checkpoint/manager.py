@@ -69,6 +69,10 @@ class CheckpointManager:
         A payload without tensors is a folder of shards' trainer.pt: the strategy reads them from `source`."""
         changes = check_resume((Path(source), payload), self.plain_config, self.epochs)
         self.strategy.load_state_dict(payload, Path(source))
+        if "model" not in payload:  # a folder of shards: the owners' tensors (the EMA) are read in place
+            from .sharded import load_owner_tensors  # torch.distributed.checkpoint: slow to import
+
+            payload = {**payload, **load_owner_tensors(Path(source), self.owners)}
         for owner in self.owners:
             owner.load_state_dict(payload)
         log.info(
@@ -79,6 +83,10 @@ class CheckpointManager:
         if changes:
             log.info("resumed with settings other than the checkpoint's: %s", "; ".join(changes))
         return changes
+
+    def keep_best(self, steps: list[int]) -> None:
+        """checkpoint.keep_best: these steps' checkpoints are kept whatever keep_last says (best first)."""
+        self.writer.keep_best(steps)
 
     def due(self, step: int, epoch_done: bool) -> bool:
         """Whether `checkpoint.every_n_steps` asks for a checkpoint after `step` (an epoch's end has its own)."""

@@ -36,7 +36,7 @@ from ...config import CheckpointConfig
 from .files import METADATA_FILE, TMP_PREFIX, TRAINER_FILE, fsync_dir, write_atomically
 from .writer import Checkpointer
 
-TENSOR_KEYS = ("model", "optimizer")  # DCP's part of a trainer's state; the rest goes to trainer.pt
+TENSOR_KEYS = ("model", "optimizer", "ema")  # DCP's part of a trainer's state; the rest goes to trainer.pt
 
 
 def sharded_name(step: int) -> str:
@@ -156,10 +156,35 @@ def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer)
 
 
 def load_weights(path: Path, model: nn.Module) -> None:
-    """Only the model's weights, into a plain model (eval.py, the export)."""
-    state = {"model": model.state_dict()}
+    """Only the model's weights, into a plain model (eval.py, the export); the EMA's parameters where
+    the folder holds them."""
+    state: dict[str, Any] = {"model": model.state_dict()}
+    averaged = "ema" in saved_keys(path)
+    if averaged:
+        state["ema"] = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
     load_into(path, state)
     model.load_state_dict(state["model"])
+    if averaged:
+        model.load_state_dict(state["ema"], strict=False)
+
+
+def saved_keys(folder: Path) -> set[str]:
+    """The top-level keys a folder's shards hold (model, optimizer, and ema where trainer.ema was on)."""
+    with open(folder / METADATA_FILE, "rb") as file:
+        metadata = MetadataUnpickler(file).load()
+    return {name.split(".", 1)[0] for name in metadata.state_dict_metadata}
+
+
+def load_owner_tensors(folder: Path, owners: list[Any]) -> dict[str, Any]:
+    """The owners' tensors (beyond the model's and the optimizer's) a folder of shards holds, read into
+    the owners' live tensors: {key: those tensors}, for the owners' load_state_dict. A key the folder
+    lacks (a run without the EMA) is left out."""
+    there = saved_keys(folder)
+    state = {key: value for owner in owners for key, value in owner.state_dict().items()
+             if key in TENSOR_KEYS and key in there and value}  # fmt: skip
+    if state:
+        load_into(folder, state)
+    return state
 
 
 def shard_files(folder: Path) -> list[str]:
@@ -180,6 +205,9 @@ class ShardedCheckpointer(Checkpointer):
         if dist.is_initialized():
             dist.barrier()  # the folder exists and the leftovers are gone before anyone writes
 
+    def name_of(self, step: int) -> str:
+        return sharded_name(step)
+
     def save(self, step: int, state: dict[str, Any]) -> bool:
         """Every rank: copy its shards now, write them in the background; rank 0 then commits."""
         import torch.distributed.checkpoint as dcp
@@ -187,7 +215,7 @@ class ShardedCheckpointer(Checkpointer):
         if self.last_saved_step == step:
             return False
         self.wait()
-        tensors = {key: state[key] for key in TENSOR_KEYS}
+        tensors = {key: state[key] for key in TENSOR_KEYS if state.get(key)}
         plain = {key: value for key, value in state.items() if key not in TENSOR_KEYS}
         tmp = self.folder / f"{TMP_PREFIX}{sharded_name(step)}"
         final = self.folder / sharded_name(step)

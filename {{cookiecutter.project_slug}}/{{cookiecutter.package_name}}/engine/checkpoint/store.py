@@ -129,14 +129,16 @@ class CheckpointStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def prune(self, keep_last: int) -> None:
-        """Keep the newest `keep_last` whole checkpoints; remove older ones and cut uploads below them."""
+    def prune(self, keep_last: int, keep: frozenset[str] | set[str] = frozenset()) -> None:
+        """Keep the newest `keep_last` whole checkpoints and those named in `keep` (keep_best's); remove
+        older ones and cut uploads below them."""
         whole = self.names()
-        for name in whole[keep_last:]:
+        counted = [name for name in whole if name not in keep]
+        for name in counted[keep_last:]:
             self.remove(name)
-        if not whole:
+        if not counted:
             return
-        oldest_kept = int(NAME_PATTERN.match(whole[:keep_last][-1]).group(1))  # type: ignore[union-attr]
+        oldest_kept = int(NAME_PATTERN.match(counted[:keep_last][-1]).group(1))  # type: ignore[union-attr]
         for entry in self.retrying("listing the checkpoints", lambda: self.fs.ls(self.root, detail=False)):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             if (match := NAME_PATTERN.match(name)) and name not in whole and int(match.group(1)) < oldest_kept:

@@ -1,5 +1,6 @@
 """A checkpoint's weights into a plain model, whatever strategy wrote it: a whole `.pt`, or a folder
-of shards read whole (eval.py, the export): the one way weights are loaded outside training."""
+of shards read whole (eval.py, the export): the one way weights are loaded outside training. Where the
+run kept an EMA of the weights (trainer.ema), its parameters are the average, as validation's were."""
 
 from __future__ import annotations
 
@@ -13,14 +14,25 @@ from .files import check_format_version, load_checkpoint, restore
 
 def load_weights(path: Path, model: nn.Module, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """A checkpoint's weights into a plain model (eval.py, the export), whatever strategy wrote it:
-    a whole `.pt`, or a folder of shards read whole. Its payload (for a folder, all but the tensors),
-    loaded here unless given."""
+    a whole `.pt`, or a folder of shards read whole; the EMA's parameters where the run kept one
+    (has_ema). Its payload (for a folder, all but the tensors), loaded here unless given."""
     payload = payload if payload is not None else load_checkpoint(path)
     check_format_version(path, payload)
     if path.is_dir():
         from .sharded import load_weights as load_sharded_weights  # torch.distributed.checkpoint: slow to import
 
         load_sharded_weights(path, model)
-    else:
-        restore(model, payload, path)
+        return payload
+    restore(model, payload, path)
+    if payload.get("ema"):
+        model.load_state_dict(payload["ema"], strict=False)  # the parameters; the buffers stay the model's
     return payload
+
+
+def has_ema(path: Path, payload: dict[str, Any]) -> bool:
+    """Whether the checkpoint holds an EMA of the weights (trainer.ema), which load_weights gives."""
+    if path.is_dir():
+        from .sharded import saved_keys
+
+        return "ema" in saved_keys(path)
+    return bool(payload.get("ema"))

@@ -5,6 +5,7 @@ checkpoint goes up once whole and a resume brings the newest down (store.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -20,6 +21,7 @@ from ...config import CheckpointConfig
 from ...errors import ConfigError, JobError, first_line
 from ...storage import is_remote
 from .files import (
+    BEST_FILE,
     TMP_PREFIX,
     NotACheckpoint,
     checkpoint_name,
@@ -28,6 +30,7 @@ from .files import (
     remove,
     to_cpu,
     write_atomically,
+    write_text_atomically,
 )
 from .store import CheckpointStore
 
@@ -47,6 +50,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._valid: set[Path] = set()  # checkpoints known to load
+        self.best: tuple[int, ...] = ()  # steps whose checkpoints checkpoint.keep_best keeps, best first
         self._writing: Path | None = None
         # Called by the writer thread with the step of each checkpoint once it is on disk; they must not raise.
         self.on_written: list[Callable[[int], None]] = []
@@ -54,6 +58,18 @@ class Checkpointer:
             folder.mkdir(parents=True, exist_ok=True)
             for leftover in folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
                 remove(leftover)
+
+    def name_of(self, step: int) -> str:
+        return checkpoint_name(step)
+
+    def keep_best(self, steps: list[int]) -> None:
+        """Keep these steps' checkpoints apart from keep_last; checkpoints/best.json lists them, best first
+        (eval.py ckpt_path=best, the export). Written now, before the newest one is on disk: whoever reads
+        it takes the first one there."""
+        self.best = tuple(steps)
+        if self.is_writer:
+            names = [self.name_of(step) for step in steps]
+            write_text_atomically(json.dumps({"best": names, "steps": list(steps)}) + "\n", self.folder / BEST_FILE)
 
     def save_config(self, plain_config: dict[str, Any]) -> None:
         """The resolved config beside the checkpoints, as YAML."""
@@ -96,12 +112,13 @@ class Checkpointer:
             callback(step)
         self.prune()
         if self.store is not None:
-            self.store.prune(self.config.keep_last)
+            self.store.prune(self.config.keep_last, keep={self.name_of(step) for step in self.best})
 
     def prune(self) -> None:
-        """Keep the newest `keep_last` valid checkpoints. A file that is not one (unreadable, cut
-        short, foreign) is set aside under another name with a warning and never counted, so it
-        can never push a good checkpoint out."""
+        """Keep the newest `keep_last` valid checkpoints, and the best (keep_best: never counted, never
+        pruned). A file that is not one (unreadable, cut short, foreign) is set aside under another
+        name with a warning and never counted, so it can never push a good checkpoint out."""
+        best = {self.folder / self.name_of(step) for step in self.best}
         valid = []
         for path in list_checkpoints(self.folder):
             if path not in self._valid:
@@ -118,7 +135,8 @@ class Checkpointer:
                     log.warning("%s is not a valid checkpoint (%s): set aside as %s", path, str(error)[:80], aside.name)
                     continue
                 self._valid.add(path)
-            valid.append(path)
+            if path not in best:
+                valid.append(path)
         for old in valid[self.config.keep_last :]:
             remove(old)
             self._valid.discard(old)

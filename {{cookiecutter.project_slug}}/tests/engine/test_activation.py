@@ -1,0 +1,52 @@
+"""engine/activation.py: the repeated blocks recompute their activations in the backward: the same loss
+and gradients, fewer tensors kept for the backward, the same parameter names; none to find is one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.engine.activation import checkpoint_activations
+from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.models import GPT, SmallCNN
+
+
+def gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(block_size=32, vocab_size=256, layers=3, heads=2, width=32, dropout=0.1)
+
+
+def loss_grads_and_saved(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+    """The loss of one batch, every gradient, and the bytes of the tensors the forward kept for the backward."""
+    saved: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(2)  # dropout's draws, replayed by the recomputation
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()], sum(saved.values())
+
+
+def test_recomputed_blocks_give_the_same_loss_and_gradients_and_keep_less() -> None:
+    plain, recomputed = gpt(), gpt()
+    names = [name for name, _ in plain.named_parameters()]
+    blocks = checkpoint_activations(recomputed, [])
+    assert len(blocks) == 3 and [name for name, _ in recomputed.named_parameters()] == names
+    loss, grads, kept = loss_grads_and_saved(plain)
+    loss_ac, grads_ac, kept_ac = loss_grads_and_saved(recomputed)
+    assert torch.allclose(loss, loss_ac, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_ac, strict=True))
+    assert kept_ac < 0.6 * kept, f"{kept_ac} bytes kept for the backward against {kept}"
+
+
+def test_a_model_without_repeated_blocks_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"SmallCNN has no repeated blocks to recompute .* fsdp.blocks=\[...\]"):
+        checkpoint_activations(SmallCNN(num_classes=3), [])
+    assert len(checkpoint_activations(SmallCNN(num_classes=3), ["Sequential"])) == 3, "named classes are found"

@@ -1,0 +1,106 @@
+"""The training recipe in the trainer (trainer.max_steps, val_every_n_steps, checkpoint.keep_best, early
+stopping, trainer.ema, a torch scheduler), in this process and on two gloo ranks: a run that crashes
+between two validations and resumes ends as the uninterrupted one does, with the same validation records
+and the same best checkpoint; early stopping ends every rank at one step, and a relaunch has finished."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.placement import DistEnv
+from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
+
+from ..helpers import TINY, assert_same, compose_config, on_ranks
+
+RECIPE = [
+    "data.train_size=48", "data.batch_size=4", "trainer.max_steps=10", "trainer.val_every_n_steps=3",
+    "checkpoint.every_n_steps=4", "checkpoint.keep_last=1", "checkpoint.keep_best=1", "trainer.ema.decay=0.8",
+    "trainer.ema.start_step=2", "scheduler._target_=torch.optim.lr_scheduler.StepLR", "+scheduler.step_size=2",
+    "+scheduler.gamma=0.7", "scheduler.warmup_steps=2", "trainer.log_every_n_steps=1",
+]  # fmt: skip
+
+
+class Crash(RuntimeError):
+    """A worker dying mid-run: what a restart (torchrun's, or the user's) recovers from."""
+
+
+def recipe_run(env: DistEnv, run_dir: Path, overrides: list[str], crash_after: int | None) -> dict:
+    """The recipe run to its end; with `crash_after`, it dies after that step first and a new trainer
+    (a restarted worker) resumes it. Its ends: weights, EMA, validation records, best checkpoint."""
+    config = to_train_config(compose_config([*TINY, *RECIPE, *overrides]))
+    if crash_after is not None:
+        first = build_trainer(config, env, run_dir)
+        step = first.train_step
+
+        def step_then_crash(*args) -> None:
+            step(*args)
+            if first.state.step == crash_after:
+                raise Crash(f"after step {crash_after}")
+
+        first.train_step = step_then_crash
+        with pytest.raises(Crash):
+            first.fit()
+    trained = build_trainer(config, env, run_dir)
+    result = trained.fit()
+    ema = {name: average.full_tensor() if hasattr(average, "full_tensor") else average.clone()
+           for name, average in trained.ema.state_dict()["ema"].items()}  # fmt: skip
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if env.is_main else []
+    best = json.loads((run_dir / "checkpoints" / "best.json").read_text()) if env.is_main else {}
+    return {"weights": {k: v.clone() for k, v in trained.strategy.full_weights().items()}, "ema": ema,
+            "val": [r for r in records if r["kind"] == "val"], "lr": [r["lr"] for r in records if r["kind"] == "train"],
+            "best": best, "step": trained.state.step, "result": result.metrics}  # fmt: skip
+
+
+def test_a_step_counted_run_that_crashes_between_validations_resumes_to_the_same_end(tmp_path: Path) -> None:
+    whole = recipe_run_alone(tmp_path / "whole", [], None)
+    resumed = recipe_run_alone(tmp_path / "resumed", [], 5)  # its last checkpoint: step 4, validated at 3
+    assert whole["step"] == resumed["step"] == 10, "trainer.max_steps, across an epoch's end (12 steps each)"
+    assert [r["step"] for r in whole["val"]] == [3, 6, 9, 10], "every 3 steps, and at the end"
+    assert_same(resumed, whole, "the resumed run")
+    assert whole["lr"][:4] == pytest.approx([0.05, 0.1, 0.1, 0.07]), "warm-up, then StepLR from optim.lr"
+    assert whole["best"]["best"] == [f"step_{min(whole['val'], key=lambda r: r['val_loss'])['step']:08d}.pt"]
+
+
+def recipe_run_alone(run_dir: Path, overrides: list[str], crash_after: int | None) -> dict:
+    from ..helpers import CPU
+
+    return recipe_run(CPU, run_dir, overrides, crash_after)
+
+
+def recipe_on_two_ranks(env: DistEnv, tmp_path: Path, strategy: str) -> dict:
+    ends = {}
+    for name, crash_after in (("whole", None), ("resumed", 7)):
+        ends[name] = recipe_run(env, tmp_path / f"{strategy}_{name}", [f"strategy={strategy}"], crash_after)
+    return ends
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ema_and_the_recipe_resume_exactly_on_two_ranks(tmp_path: Path, strategy: str) -> None:
+    ranks = on_ranks(2, recipe_on_two_ranks, tmp_path, strategy)
+    assert_same(ranks[0]["resumed"], ranks[0]["whole"], f"{strategy}: the resumed run on rank 0")
+    assert_same(ranks[1]["resumed"]["ema"], ranks[0]["whole"]["ema"], "rank 1's EMA is rank 0's")
+    assert ranks[0]["whole"]["result"] == ranks[1]["whole"]["result"], "the same validation on every rank"
+    assert not torch.equal(*(next(iter(ranks[0]["whole"][key].values())) for key in ("ema", "weights")))
+
+
+def stop_early(env: DistEnv, run_dir: Path) -> tuple[int, str, bool]:
+    overrides = ["trainer.epochs=5", "trainer.val_every_n_steps=2", "trainer.early_stop_patience=2",
+                 "trainer.early_stop_min_delta=100"]  # fmt: skip  # nothing improves by 100: stops at the third
+    config = to_train_config(compose_config([*TINY, "data.batch_size=8", *overrides]))
+    trained = build_trainer(config, env, run_dir)
+    trained.fit()
+    again = build_trainer(config, env, run_dir)  # a relaunch
+    return trained.state.step, trained.monitor.stopped, again.finished()
+
+
+def test_early_stopping_ends_every_rank_at_the_same_step_and_a_relaunch_has_finished(tmp_path: Path) -> None:
+    ranks = on_ranks(2, stop_early, tmp_path)
+    assert ranks[0] == ranks[1] == (6, ranks[0][1], True)
+    assert ranks[0][1].startswith("val_loss has not improved for 2 validations (patience 2; best ")
+    assert (tmp_path / FINISHED_MARKER).read_text() == "6\n"

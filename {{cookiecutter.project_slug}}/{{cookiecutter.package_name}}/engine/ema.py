@@ -1,0 +1,98 @@
+"""trainer.ema: an exponential moving average of the weights, which validation, eval.py and the export use.
+
+After every optimizer step, average = decay * average + (1 - decay) * weights (until
+`trainer.ema.start_step` the average is the weights themselves). The average has the parameters'
+own layout: whole tensors under ddp, each rank's shards under fsdp and hsdp (DTensors), so it is
+sharded with the model and checkpointed with it (`ema`, by parameter name; in a folder of shards,
+by DCP). Buffers (BatchNorm statistics) are the model's own: they are not averaged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's local shard, the tensor itself otherwise."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
+class EMA:
+    def __init__(self, model: nn.Module, decay: float, start_step: int) -> None:
+        self.decay, self.start_step = decay, start_step
+        named = [(name, p) for name, p in model.named_parameters()]
+        self.names, self.params = [name for name, _ in named], [p for _, p in named]
+        self.average = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        """After optimizer step `step` (numbered from 1)."""
+        averages, weights = [local(a) for a in self.average], [local(p.detach()) for p in self.params]
+        if step <= self.start_step:
+            torch._foreach_copy_(averages, weights)
+        else:
+            torch._foreach_lerp_(averages, weights, 1.0 - self.decay)
+
+    @contextlib.contextmanager
+    @torch.no_grad()
+    def swapped_in(self) -> Iterator[None]:
+        """The model holds the average within (for a validation), its own weights again after."""
+        weights = [local(p.detach()) for p in self.params]
+        kept = [w.clone() for w in weights]
+        torch._foreach_copy_(weights, [local(a) for a in self.average])
+        try:
+            yield
+        finally:
+            torch._foreach_copy_(weights, kept)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ema": dict(zip(self.names, self.average, strict=True))}
+
+    @torch.no_grad()
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        saved = payload.get("ema") or {}
+        if not saved:  # a checkpoint of a run without it: the average starts from the weights resumed
+            log.info("the checkpoint holds no EMA of the weights: the average starts from its weights")
+            torch._foreach_copy_([local(a) for a in self.average], [local(p.detach()) for p in self.params])
+            return
+        for name, average in zip(self.names, self.average, strict=True):
+            value = saved[name]
+            if value is average:  # read in place from a folder of shards
+                continue
+            local(average).copy_(local(shard_like(value, average)))
+
+
+def shard_like(whole: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """A whole tensor (a ddp checkpoint's) laid out as `live` is: sharded as it is where it is a
+    DTensor (every rank holds the whole tensor: no communication), itself otherwise."""
+    mesh = getattr(live, "device_mesh", None)
+    if mesh is None or getattr(whole, "device_mesh", None) is not None:
+        return whole
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(whole.to(local(live).device), mesh, live.placements, src_data_rank=None)
+
+
+class NoEMA:
+    """trainer.ema.decay=0: nothing averaged, nothing in the checkpoint."""
+
+    def update(self, step: int) -> None:
+        pass
+
+    def swapped_in(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        pass

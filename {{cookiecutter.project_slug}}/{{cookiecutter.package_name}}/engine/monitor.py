@@ -1,0 +1,85 @@
+"""The monitored validation figure, `checkpoint.monitor`: which checkpoints are the best
+(`checkpoint.keep_best`) and when a run has stopped improving (`trainer.early_stop_patience`).
+
+Every rank observes the same exact figures (evaluate.py all-reduces them in float64), so every rank
+takes the same decision at the same step: an early stop needs no collective of its own, and no rank
+is left waiting in one. What the monitor knows is in the checkpoint (`monitor`), so a resumed run
+ranks and counts as the uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import CheckpointConfig, TrainerConfig
+from ..errors import ConfigError
+
+
+@dataclass
+class Monitor:
+    key: str  # val_<metric>, as metrics.jsonl names it
+    mode: str  # min | max
+    keep_best: int
+    patience: int  # 0: no early stopping
+    min_delta: float
+    best: list[tuple[int, float]] = field(default_factory=list)  # (step, value), best first
+    reference: float | None = None  # the value of the last improvement (by more than min_delta)
+    bad: int = 0  # validations since that improvement
+    stopped: str = ""  # why the run stopped early; "" while it has not
+
+    @classmethod
+    def of(cls, checkpoint: CheckpointConfig, trainer: TrainerConfig) -> Monitor:
+        return cls(checkpoint.monitor, checkpoint.mode, checkpoint.keep_best, trainer.early_stop_patience,
+                   trainer.early_stop_min_delta)  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self.keep_best > 0 or self.patience > 0
+
+    def check_names(self, names: list[str]) -> None:
+        """Refuse a monitor the task's validation does not give (`names`: val_<metric> of one forward)."""
+        if self.enabled and self.key not in names:
+            raise ConfigError(
+                f"checkpoint.monitor={self.key} is not a figure of this task's validation, which gives "
+                f"{', '.join(names)}: give one of them"
+            )
+
+    def better(self, value: float, than: float, margin: float = 0.0) -> bool:
+        return value < than - margin if self.mode == "min" else value > than + margin
+
+    def observe(self, step: int, record: dict[str, Any]) -> bool:
+        """Take a validation's figures (at optimizer step `step`); whether that step's checkpoint is
+        now one of the `keep_best` best."""
+        if not self.enabled:
+            return False
+        value = float(record[self.key])
+        finite = math.isfinite(value)
+        if finite and (self.reference is None or self.better(value, self.reference, self.min_delta)):
+            self.reference, self.bad = value, 0
+        else:
+            self.bad += 1
+        if finite:
+            others = [entry for entry in self.best if entry[0] != step]
+            ranked = sorted([*others, (step, value)], key=lambda e: e[1] if self.mode == "min" else -e[1])
+            self.best = ranked[: max(self.keep_best, 1)]  # sorted() is stable: of equal values the earlier wins
+        if self.patience and self.bad >= self.patience:
+            top = f"{self.best[0][1]:.6g} at step {self.best[0][0]}" if self.best else "none finite"
+            self.stopped = (
+                f"{self.key} has not improved for {self.bad} validations (patience {self.patience}; best {top})"
+            )
+        return self.keep_best > 0 and finite and any(entry[0] == step for entry in self.best)
+
+    def kept_steps(self) -> list[int]:
+        """The steps whose checkpoints keep_best keeps, best first."""
+        return [step for step, _ in self.best] if self.keep_best else []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"monitor": {"best": [list(entry) for entry in self.best], "reference": self.reference,
+                            "bad": self.bad, "stopped": self.stopped}}  # fmt: skip
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        saved = payload.get("monitor") or {}  # older checkpoints: none kept
+        self.best = [(int(step), float(value)) for step, value in saved.get("best", [])][: max(self.keep_best, 1)]
+        self.reference, self.bad, self.stopped = saved.get("reference"), saved.get("bad", 0), saved.get("stopped", "")
