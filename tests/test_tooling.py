@@ -136,3 +136,19 @@ def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: 
     assert line in (project / "README.md").read_text(), updated.stdout + updated.stderr
     assert not list(project.rglob("*.rej")), updated.stdout + updated.stderr
     assert run([*cruft, "check"], project).returncode == 0
+
+
+def test_the_templates_own_workflow_passes_actionlint_and_runs_what_ci_runs(tmp_path: Path) -> None:
+    """The template repository's CI is .ci/run (Slurm, then the README's test command), checked by actionlint;
+    a workflow actionlint rejects fails here."""
+    workflow = TEMPLATE / ".github" / "workflows" / "ci.yml"
+    proc = run([tool("actionlint"), "-no-color", str(workflow)], TEMPLATE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = yaml.safe_load(workflow.read_text())["jobs"]["template"]["steps"]
+    assert [step["run"] for step in steps if "run" in step] == ["bash .ci/run"]
+    ci_run = (TEMPLATE / ".ci" / "run").read_text()
+    readme_command = re.search(r"^(python3 -m venv .*pytest)$", (TEMPLATE / "README.md").read_text(), re.M)
+    assert readme_command and readme_command.group(1) in ci_run, "the README's test command, as .ci/run runs it"
+    broken = tmp_path / "broken.yml"
+    broken.write_text(workflow.read_text().replace("runs-on: ubuntu-latest", "runs-on: [ubuntu-latest, {{"))
+    assert run([tool("actionlint"), "-no-color", str(broken)], TEMPLATE).returncode != 0

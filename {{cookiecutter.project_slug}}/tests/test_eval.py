@@ -89,3 +89,27 @@ def test_a_path_that_is_not_a_checkpoint_is_refused_in_one_line(
     err = capsys.readouterr().err
     assert err.startswith("error: ckpt_path") and str(path) in err and err.count("\n") == 1, err
     assert reason in err and "give a checkpoints/step_<N>.pt" in err
+
+
+def test_ckpt_path_best_evaluates_the_best_checkpoint_and_its_ema(in_process, tmp_path, monkeypatch, capsys) -> None:
+    """checkpoint.keep_best's best, by `<run dir>/checkpoints/best` and by a bare `best` (the newest run
+    under outputs/), scored as the run's validation scored it: with the EMA of the weights."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "outputs" / "run"
+    overrides = [*TINY, "trainer.epochs=3", "checkpoint.keep_best=1", "checkpoint.monitor=val_acc",
+                 "checkpoint.mode=max", "trainer.ema.decay=0.5"]  # fmt: skip
+    build_trainer(to_train_config(compose_config(overrides)), cpu_env(0, 1), run_dir).fit()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    best = max((record for record in records if record["kind"] == "val"), key=lambda record: record["val_acc"])
+    for given in (run_dir / "checkpoints" / "best", Path("best")):
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={given}"])
+        entry.main()
+        said = capsys.readouterr()
+        figures = figures_of(said.out)
+        assert figures["val_acc"] == best["val_acc"]
+        assert figures["val_loss"] == pytest.approx(best["val_loss"], abs=1e-6)
+        assert f"step_{best['step']:08d}.pt (step {best['step']})" in said.out + said.err
+        assert "evaluating the EMA of the weights (trainer.ema)" in said.out + said.err

@@ -16,8 +16,17 @@ import pytest
 import torch
 
 from ..helpers import PYTHON, run
-from .jobs import assert_bit_identical, checkpoint_of, finish, read_checkpoint, read_metrics, start, steps_saved
-from .jobs import wait_for, worker_pid
+from .jobs import (
+    assert_bit_identical,
+    checkpoint_of,
+    finish,
+    read_checkpoint,
+    read_metrics,
+    start,
+    steps_saved,
+    wait_for,
+    worker_pid,
+)
 
 pytestmark = pytest.mark.slow
 

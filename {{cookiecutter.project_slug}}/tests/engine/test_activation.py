@@ -50,3 +50,34 @@ def test_a_model_without_repeated_blocks_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"SmallCNN has no repeated blocks to recompute .* fsdp.blocks=\[...\]"):
         checkpoint_activations(SmallCNN(num_classes=3), [])
     assert len(checkpoint_activations(SmallCNN(num_classes=3), ["Sequential"])) == 3, "named classes are found"
+
+
+def one_step(env, tmp_path, strategy: str) -> dict:
+    """One optimizer step of the language model under `strategy`, with and without recomputation."""
+    from {{cookiecutter.package_name}}.config import to_train_config
+    from {{cookiecutter.package_name}}.engine.build import build_trainer
+
+    from ..helpers import compose_config
+
+    ends = {}
+    for recompute in (False, True):
+        overrides = ["task=language_model", "model.width=32", "model.layers=2", "model.dropout=0.1",
+                     "data.block_size=16", "data.train_samples=64", "data.val_samples=8", f"strategy={strategy}",
+                     f"trainer.activation_checkpointing={recompute}"]  # fmt: skip
+        run = build_trainer(to_train_config(compose_config(overrides)), env, tmp_path / f"{strategy}_{recompute}")
+        inputs, targets, weights, _ = next(iter(run.data.train_loader))
+        torch.manual_seed(3)  # the same dropout draws in both
+        loss = run.runner.micro_step(inputs, targets, weights, real_samples=2 * len(inputs), sync=True)
+        run.runner.optimizer_step()
+        ends[recompute] = (loss.item(), {k: v.clone() for k, v in run.strategy.full_weights().items()})
+    return ends
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_under_each_strategy_a_step_with_recomputation_is_the_step_without(tmp_path, strategy: str) -> None:
+    from ..helpers import on_ranks
+
+    ends = on_ranks(2, one_step, tmp_path, strategy)[0]
+    assert ends[True][0] == pytest.approx(ends[False][0], abs=1e-6)
+    assert ends[True][1].keys() == ends[False][1].keys()
+    assert all(torch.allclose(ends[True][1][k], ends[False][1][k], atol=1e-6) for k in ends[False][1])

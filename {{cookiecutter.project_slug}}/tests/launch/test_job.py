@@ -3,6 +3,7 @@ a job the workers refused leaves nothing behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,7 +17,14 @@ from {{cookiecutter.package_name}}.launch.job import lock_run_dir
 from {{cookiecutter.package_name}}.launch.keys import LaunchArgs, LaunchError, parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan
 from {{cookiecutter.package_name}}.launch.supervise import Forwarder
-from {{cookiecutter.package_name}}.run_dir import CONTROL_DIR_ENV, FAILED_MARKER, FINISHED_MARKER, REFUSED, STOPPED_MARKER
+from {{cookiecutter.package_name}}.run_dir import (
+    CONTROL_DIR_ENV,
+    DEBUG_DIR_ENV,
+    FAILED_MARKER,
+    FINISHED_MARKER,
+    REFUSED,
+    STOPPED_MARKER,
+)
 
 
 def test_a_run_dir_is_held_by_one_launch_at_a_time_and_freed_with_its_holder(tmp_path: Path) -> None:
@@ -86,3 +94,85 @@ def test_a_job_its_workers_refused_as_they_started_says_one_line_and_leaves_no_n
         if existing
         else not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())
     ), "a run dir made for a refused job is removed; a given one is kept"
+
+
+def finishing_workers(seen: dict):
+    """torchrun's stand-in: what it was handed, then a finished job's files (a validation, the marker)."""
+
+    def torchrun(launch, module, arguments, forwarder, failed=None) -> int:
+        control = Path(launch.env[CONTROL_DIR_ENV])
+        run_dir = Path(arguments[0].removeprefix("hydra.run.dir=")[1:-1].replace("\\'", "'"))  # Hydra's quoting
+        lock = run_dir / (".lock.node0" if launch.mode == "multi" else ".lock")
+        seen.update(module=module, arguments=arguments, env=dict(launch.env), control=control, locked=lock.read_text(),
+                    failed=failed())  # fmt: skip
+        with pytest.raises(LaunchError, match="is in use by"):
+            lock_run_dir(run_dir, lock.name)  # held for the whole job: a second launch is refused
+        (run_dir / "metrics.jsonl").write_text('{"kind": "val", "step": 4, "val_loss": 0.5}\n'
+                                               '{"kind": "train", "step": 5}\nnot json\n')  # fmt: skip
+        (control / FINISHED_MARKER).write_text("5\n")
+        return 0
+
+    return torchrun
+
+
+@pytest.mark.parametrize("mode", ["single", "multi"])
+def test_a_job_runs_torchrun_on_its_locked_run_dir_and_ends_with_its_last_evaluation(
+    tmp_path: Path, monkeypatch, capsys, mode: str
+) -> None:
+    from ..helpers import free_port
+
+    monkeypatch.chdir(tmp_path)
+    seen: dict = {}
+    monkeypatch.setattr(job_module, "torchrun", finishing_workers(seen))
+    keys = ["NPROC_PER_NODE=1", "DEBUG=1"]
+    if mode == "multi":
+        keys += ["NODE_RANK=0", "NNODES=1", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={free_port()}"]
+    launch = plan(mode, parse_args(keys, mode), {"CUDA_VISIBLE_DEVICES": ""}, {})
+    run_dir = tmp_path / "it's, a=dir"
+    overrides = ["task=classification", "data=synthetic"]
+    assert job_module.train(launch, LaunchArgs(overrides=overrides), run_dir, Forwarder()) == 0
+    assert seen["module"].endswith(".train") and seen["failed"] is False
+    assert seen["arguments"] == ["hydra.run.dir='" + str(run_dir).replace("'", "\\'") + "'", *overrides]
+    assert seen["locked"].startswith(f"{socket.gethostname()} pid {os.getpid()} since ")
+    assert seen["env"][DEBUG_DIR_ENV] == str(run_dir.resolve() / "debug"), "DEBUG=1: the workers' debug dir"
+    assert (run_dir / "debug").is_dir() and not seen["control"].exists(), "the control dir goes with the job"
+    node = " (node 0)" if mode == "multi" else ""
+    out = capsys.readouterr().out
+    assert f"run dir: {run_dir}{node}\n" in out
+    assert f"run dir: {run_dir}{node} (logs/, metrics.jsonl, checkpoints/)" in out
+    assert out.strip().endswith('last evaluation: {"kind": "val", "step": 4, "val_loss": 0.5}')
+    os.close(lock_run_dir(run_dir, ".lock.node0" if mode == "multi" else ".lock"))  # released at the end
+
+
+def test_new_run_dirs_are_dated_and_never_one_that_exists(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    first, second = job_module.new_dir("sweep_"), job_module.new_dir("sweep_")
+    assert re.fullmatch(r"outputs/sweep_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", str(first)), first
+    assert first.is_dir() and second.is_dir() and second != first
+    assert second.name == f"{first.name}_1" or second.name > first.name, "the same second: a suffix"
+
+
+def test_a_sweep_point_done_before_is_not_trained_again_and_one_that_failed_says_why(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from ..helpers import quick_jobs
+
+    calls: list = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    monkeypatch.chdir(tmp_path)
+    launch = plan("single", parse_args(["NPROC_PER_NODE=1"], "single"), {"CUDA_VISIBLE_DEVICES": ""}, {})
+    point = ["task=classification", "data=synthetic", "optim.lr=0.25"]
+    row = job_module.run_point(launch, 3, point, tmp_path / "p3", Forwarder(), trial=7)
+    assert row == {"point": 3, "overrides": point, "status": "done", "reason": "", "run_dir": str(tmp_path / "p3"),
+                   "final": {"kind": "val", "step": 2, "epoch": 0, "val_loss": 0.25, "val_acc": 0.5,
+                             "val_samples": 16}, "trial": 7}  # fmt: skip
+    assert (tmp_path / "p3" / "sweep_point.json").read_text() == json.dumps(row) + "\n"
+    assert job_module.run_point(launch, 3, point, tmp_path / "p3", Forwarder()) == row and len(calls) == 1
+    assert "point 3: task=classification data=synthetic optim.lr=0.25: done before, not trained again" in (
+        capsys.readouterr().out
+    )
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls, code=1))
+    failed = job_module.run_point(launch, 4, point, tmp_path / "p4", Forwarder())
+    assert (failed["status"], failed["reason"]) == ("failed", "exit code 1")
+    refused = job_module.run_point(launch, 5, ["trainer.epochs=0"], tmp_path / "p5", Forwarder())
+    assert (refused["status"], refused["reason"][:30]) == ("failed", "trainer.epochs must be > 0, go")

@@ -26,10 +26,10 @@ class Key:
 
 KEYS = (
     Key("NPROC_PER_NODE", "", "processes on this machine (default: the visible GPUs, or 2 without one)",
-        env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE")),
+        env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE"), modes=("single", "multi", "comm", "k8s")),
     Key("GPUS", "", "the GPUs to use, e.g. GPUS=0,1,2,3: CUDA_VISIBLE_DEVICES, and one process per listed GPU"),
     Key("MAX_RESTARTS", "3", "times torchrun restarts failed workers; they resume from the newest checkpoint",
-        env=("PET_MAX_RESTARTS",), modes=("single", "multi")),
+        env=("PET_MAX_RESTARTS",), modes=("single", "multi", "k8s")),
     Key("RUN_DIR", "", "the run dir (default: a new outputs/<date>_<time>); an existing one is resumed",
         modes=("single",)),
     Key("SWEEP_DIR", "", "with -m: the sweep's dir (default: a new outputs/sweep_<date>_<time>); "
@@ -37,13 +37,13 @@ KEYS = (
     Key("NODE_RANK", "", "this node's rank: 0 on the first node, 1, 2, ... on the others",
         env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi", "comm")),
     Key("NNODES", "2", "N: static, exactly N nodes; MIN:MAX: elastic (c10d rendezvous; nodes may join and leave)",
-        env=("NNODES", "PET_NNODES"), modes=("multi", "comm")),
+        env=("NNODES", "PET_NNODES"), modes=("multi", "comm", "k8s")),
     Key("MASTER_ADDR", "", "node 0's address, reachable from every node (required on nodes other than 0)",
         env=("MASTER_ADDR", "PET_MASTER_ADDR"), modes=("multi", "comm")),
     Key("MASTER_PORT", "29500", "a free port on node 0", env=("MASTER_PORT", "PET_MASTER_PORT"),
-        modes=("multi", "comm")),
+        modes=("multi", "comm", "k8s")),
     Key("RUN_NAME", "", "the run dir is outputs/RUN_NAME on every node (default: multi_<MASTER_ADDR>_<MASTER_PORT>)",
-        modes=("multi",)),
+        modes=("multi", "k8s")),
     Key("LOCAL_ADDR", "", "this node's address, where its hostname does not resolve to it", modes=("multi", "comm")),
     Key("WAIT_FOR_MASTER_S", "120", "how long nodes other than 0 wait for node 0's port", modes=("multi", "comm")),
     Key("WAIT_FOR_NODES_S", "600", "how long a node waits for all NNODES (MIN of MIN:MAX) to join before it gives up",
@@ -54,7 +54,14 @@ KEYS = (
         "flight recorder, every rank's Python stack when a step outlasts dist.timeout_s and on kill -USR1 <pid> "
         "(docs/debugging.md)", modes=("single", "multi")),
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
-        "(Slurm's --signal=TERM@120 leaves 120 s)"),
+        "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi", "comm", "k8s")),
+    # k8s: python -m <package>.launch k8s ... renders a Kubeflow PyTorchJob (kubernetes.py)
+    Key("IMAGE", "", "the container image every pod runs (the Containerfile's, pushed where the cluster pulls)",
+        modes=("k8s",)),
+    Key("RUN_VOLUME", "", "the PersistentVolumeClaim (ReadWriteMany) the run dirs live on (default: RUN_NAME-runs)",
+        modes=("k8s",)),
+    Key("POD_GPUS", "", "GPUs per pod (default: NPROC_PER_NODE; 0 for CPU pods)", modes=("k8s",)),
+    Key("NAMESPACE", "", "the job's namespace (default: the cluster's default)", modes=("k8s",)),
 )  # fmt: skip
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 
@@ -147,7 +154,7 @@ def whole_number(values: dict[str, str], name: str, least: int) -> int:
 
 
 def usage(mode: str) -> str:
-    script = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh"}[mode]
+    script = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh", "k8s": "k8s_job.sh"}[mode]
     keys = [key for key in KEYS if mode in key.modes]
     synopsis = "[KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags ...]"
     lines = [f"usage: bash scripts/{script} {synopsis}", "",

@@ -1,6 +1,6 @@
 """The launch layer behind scripts/run_single.sh, run_multi.sh and check_comm.sh.
 
-    python -m <package>.launch single|multi|comm [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags]
+    python -m <package>.launch single|multi|comm|k8s [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags]
 
 One table of launch keys (KEYS) with their defaults and help. A launch checks the keys, then
 what needs no torch (preflight, in this process: the config, the backend, the run dir), then starts
@@ -14,7 +14,8 @@ command line does not give them.
 The modules of launch/, one concern each: keys.py (the keys and the command line), plan.py
 (torchrun's arguments and the workers' environment), checks.py (the checks before torchrun),
 rendezvous.py (the nodes' meeting point), supervise.py (torchrun as a child, signals), job.py
-(one training job), sweep.py and optuna_sweep.py (-m), agent.py (torchrun itself, quieter).
+(one training job), sweep.py and optuna_sweep.py (-m), agent.py (torchrun itself, quieter), kubernetes.py
+(k8s: a PyTorchJob for the same keys, printed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..redaction import redact_text
 from .checks import check_comm_config
 from .job import train
 from .keys import USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, usage
+from .kubernetes import render
 from .plan import plan, worker_environment
 from .rendezvous import check_rendezvous
 from .supervise import PACKAGE, Forwarder, say, torchrun
@@ -57,9 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def launch_main(argv: list[str], forwarder: Forwarder) -> int:
-    mode = argv.pop(0) if argv and argv[0] in ("single", "multi", "comm") else "single"
+    mode = argv.pop(0) if argv and argv[0] in ("single", "multi", "comm", "k8s") else "single"
     try:
         args = parse_args(argv, mode)
+        if mode == "k8s":  # nothing started: the manifest that starts the job on a cluster
+            print(usage(mode) if args.help else render(args, dict(os.environ)), end="" if not args.help else "\n")
+            return 0
         if args.help:
             print(usage(mode), flush=True)
             if mode == "comm":

@@ -44,6 +44,8 @@ def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk
     fs.pipe(f"{url.removeprefix('s3://')}/step_00000001/__0_0.distcp", b"old and cut")
     assert store.names()[0] == "step_00000003.pt"
     store.prune(2)
+    store.prune(1, keep={"step_00000002.pt"})  # checkpoint.keep_best's: kept apart from keep_last there too
+    assert store.names() == ["step_00000003.pt", "step_00000002.pt"]
     assert not fs.exists(f"{url.removeprefix('s3://')}/step_00000001"), "a cut folder below the kept ones goes"
     assert fs.exists(f"{url.removeprefix('s3://')}/step_00000009"), "one above may be an upload under way"
 
