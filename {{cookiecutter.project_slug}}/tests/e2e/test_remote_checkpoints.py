@@ -98,7 +98,9 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_at_any_world_size(
     wait_for(lambda: bool(store_steps(lost_url)), "a first checkpoint in the store")
     s3_server.stop()
     code, output = finish(proc)
-    assert code != 0 and re.search(rf"checkpoint.dir={lost_url}: saving step_\d+\.pt failed for 3 s", output), output
+    # The store may go during an upload or just after it, as the writer lists what to prune: either says so.
+    failed = rf"checkpoint.dir={lost_url}: (saving step_\d+\.pt|listing the checkpoints) failed for 3 s"
+    assert code != 0 and re.search(failed, output), output
     assert re.search(rf"the last checkpoint saved there: {lost_url}/step_\d+\.pt, intact", output)
     for run_dir in (again, three, sharded, lost):
         assert s3_server.secret not in every_file_text(run_dir), f"a secret of the environment in {run_dir}"
