@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -84,3 +85,25 @@ def test_sigterm_checkpoints_and_the_job_requeues_and_resumes(slurm, tmp_path) -
         assert "stopped by SIGTERM after step" in rank0 and "resumed from" in rank0
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_sweep_runs_each_point_as_its_own_slurm_job_and_a_resubmission_trains_nothing(slurm, tmp_path) -> None:
+    """-m SUBMIT=slurm: one sbatch per point, the launcher waits and gathers results.md; launched again on the
+    same SWEEP_DIR, the finished points are not submitted again."""
+    sweep_dir = tmp_path / "sweep"
+    command = ["bash", "scripts/run_single.sh", "-m", "SUBMIT=slurm", f"SWEEP_DIR={sweep_dir}",
+               "SBATCH_ARGS=--nodes=1 --time=10", *SMALL, "trainer.epochs=1", "data.train_size=128",
+               "optim.lr=0.05,0.1"]  # fmt: skip
+    first = subprocess.run(command, cwd=PROJECT_DIR, env=slurm, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    jobs = re.findall(r"submitted as job (\d+)", first.stdout)
+    assert len(jobs) == 2 and len(set(jobs)) == 2, first.stdout
+    results = (sweep_dir / "results.md").read_text()
+    rows = [line for line in results.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]
+    assert len(rows) == 2 and all(" done " in row for row in rows), results
+    for job in jobs:
+        assert f"job {job}, restart 0: 1 node(s)" in next(sweep_dir.glob(f"*/slurm_{job}.out")).read_text()
+    again = subprocess.run(command, cwd=PROJECT_DIR, env=slurm, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "submitted as job" not in again.stdout, again.stdout[-3000:]
+    assert again.stdout.count("done before, not submitted again") == 2
+    assert (sweep_dir / "results.md").read_text() == results

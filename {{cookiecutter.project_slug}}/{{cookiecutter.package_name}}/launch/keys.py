@@ -30,10 +30,14 @@ KEYS = (
     Key("GPUS", "", "the GPUs to use, e.g. GPUS=0,1,2,3: CUDA_VISIBLE_DEVICES, and one process per listed GPU"),
     Key("MAX_RESTARTS", "3", "times torchrun restarts failed workers; they resume from the newest checkpoint",
         env=("PET_MAX_RESTARTS",), modes=("single", "multi", "k8s")),
-    Key("RUN_DIR", "", "the run dir (default: a new outputs/<date>_<time>); an existing one is resumed",
-        modes=("single",)),
+    Key("RUN_DIR", "", "the run dir (default: a new outputs/<date>_<time>; many nodes: outputs/RUN_NAME); an "
+        "existing one is resumed", modes=("single", "multi")),
     Key("SWEEP_DIR", "", "with -m: the sweep's dir (default: a new outputs/sweep_<date>_<time>); "
         "an existing one is continued", modes=("single",)),
+    Key("SUBMIT", "", "with -m: slurm submits each point as its own Slurm job and waits for them (docs/sweeps.md); "
+        "\"\": one after another here", modes=("single",)),
+    Key("SBATCH_ARGS", "", "with SUBMIT=slurm: sbatch's options for each point, e.g. SBATCH_ARGS='--time=4:00:00'",
+        modes=("single",)),
     Key("NODE_RANK", "", "this node's rank: 0 on the first node, 1, 2, ... on the others",
         env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi", "comm")),
     Key("NNODES", "2", "N: static, exactly N nodes; MIN:MAX: elastic (c10d rendezvous; nodes may join and leave)",

@@ -1,5 +1,6 @@
-"""-m: a sweep, each point its own torchrun job (job.run_point), one after another in one sweep dir,
-and a table of the points and their final figures (results.md)."""
+"""-m: a sweep, each point its own torchrun job (job.run_point), one after another in one sweep dir, or
+with SUBMIT=slurm each its own Slurm job (slurm_sweep.py); a table of the points and their final figures
+(results.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .job import new_dir, run_point
 from .keys import LaunchArgs, LaunchError
 from .optuna_sweep import optuna_sweep
 from .plan import Launch
+from .slurm_sweep import slurm_sweep
 from .supervise import Forwarder
 
 
@@ -44,6 +46,8 @@ def sweep(launch: Launch, args: LaunchArgs, forwarder: Forwarder) -> int:
     if "${" in launch.values["SWEEP_DIR"]:
         raise LaunchError(f"SWEEP_DIR={launch.values['SWEEP_DIR']}: a sweep dir holds the runs of several configs, "
                           "so it cannot follow one (${...}): give a plain path")  # fmt: skip
+    if launch.values["SUBMIT"] not in ("", "slurm"):
+        raise LaunchError(f"SUBMIT={launch.values['SUBMIT']}: give SUBMIT=slurm (each point a job) or leave it out")
     if Path(launch.values["SWEEP_DIR"]).is_file():
         raise LaunchError(f"SWEEP_DIR={launch.values['SWEEP_DIR']} is a file: give a folder")
     sweep_dir = Path(launch.values["SWEEP_DIR"]) if launch.values["SWEEP_DIR"] else new_dir("sweep_")
@@ -51,6 +55,11 @@ def sweep(launch: Launch, args: LaunchArgs, forwarder: Forwarder) -> int:
     swept = {item.split("=", 1)[0] for item in args.overrides if "," in item or "(" in item}
     if any(item.startswith("hydra/sweeper=optuna") for item in args.overrides):
         rows = optuna_sweep(launch, args.overrides, sweep_dir, forwarder)
+    elif launch.values["SUBMIT"] == "slurm":  # each point its own Slurm job (slurm_sweep.py)
+        points = sweep_points(args.overrides)
+        print(f"sweep dir: {sweep_dir} ({len(points)} points, each a Slurm job)", flush=True)
+        named = [(index, point, sweep_dir / point_dir_name(index, point, swept)) for index, point in enumerate(points)]
+        rows = slurm_sweep(launch, named)
     else:
         points = sweep_points(args.overrides)
         print(f"sweep dir: {sweep_dir} ({len(points)} points)", flush=True)
