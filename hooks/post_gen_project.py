@@ -29,7 +29,15 @@ UNCHOSEN_FILES = {
         "tests/observe/sinks/test_tensorboard.py",
         "tests/e2e/test_tensorboard.py",
     ],
-    ("slurm", "no"): ["scripts/slurm.sbatch", "tests/e2e/test_slurm.py", "tests/e2e/local_slurm.py", "docs/slurm.md"],
+    ("slurm", "no"): [
+        "scripts/slurm.sbatch",
+        "tests/e2e/test_slurm.py",
+        "tests/e2e/test_slurm_two_nodes.py",
+        "tests/e2e/local_slurm.py",
+        "docs/slurm.md",
+        f"{PACKAGE}/launch/cluster_sweep.py",
+        "tests/launch/test_cluster_sweep.py",
+    ],
     ("license", "none"): ["LICENSE"],
     ("mlflow", "no"): [
         f"{PACKAGE}/observe/sinks/trackers/mlflow_tracker.py",

@@ -34,7 +34,7 @@ def test_the_base_is_a_build_argument_and_the_project_is_installed_and_imported(
     recipe = (PROJECT_DIR / "Containerfile").read_text()
     lines = [line.strip() for line in recipe.splitlines() if line.strip() and not line.startswith("#")]
     assert lines[0].startswith("ARG BASE=") and "cuda" in lines[0] and lines[1] == "FROM ${BASE}"
-    assert "python -m pip install --no-cache-dir ." in recipe and "import {{cookiecutter.package_name}}.train" in recipe
+    assert "python3 -m pip install --no-cache-dir ." in recipe and "import {{cookiecutter.package_name}}.train" in recipe
     assert 'CMD ["bash", "scripts/run_single.sh"]' in recipe
 
 

@@ -92,7 +92,7 @@ def test_a_sweep_runs_each_point_as_its_own_slurm_job_and_a_resubmission_trains_
     same SWEEP_DIR, the finished points are not submitted again."""
     sweep_dir = tmp_path / "sweep"
     command = ["bash", "scripts/run_single.sh", "-m", "SUBMIT=slurm", f"SWEEP_DIR={sweep_dir}",
-               "SBATCH_ARGS=--nodes=1 --time=10", *SMALL, "trainer.epochs=1", "data.train_size=128",
+               "SUBMIT_ARGS=--nodes=1 --time=10", *SMALL, "trainer.epochs=1", "data.train_size=128",
                "optim.lr=0.05,0.1"]  # fmt: skip
     first = subprocess.run(command, cwd=PROJECT_DIR, env=slurm, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]

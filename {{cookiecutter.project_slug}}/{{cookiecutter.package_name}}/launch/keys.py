@@ -36,7 +36,7 @@ KEYS = (
         "an existing one is continued", modes=("single",)),
     Key("SUBMIT", "", "with -m: slurm submits each point as its own Slurm job and waits for them (docs/sweeps.md); "
         "\"\": one after another here", modes=("single",)),
-    Key("SBATCH_ARGS", "", "with SUBMIT=slurm: sbatch's options for each point, e.g. SBATCH_ARGS='--time=4:00:00'",
+    Key("SUBMIT_ARGS", "", "with SUBMIT=slurm: each point's submission options, e.g. SUBMIT_ARGS='--time=4:00:00'",
         modes=("single",)),
     Key("NODE_RANK", "", "this node's rank: 0 on the first node, 1, 2, ... on the others",
         env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi", "comm")),

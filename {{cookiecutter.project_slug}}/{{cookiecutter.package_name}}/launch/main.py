@@ -82,9 +82,8 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
             return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
         if args.multirun:
             return sweep(launch, args, forwarder)
-        if launch.values.get("SUBMIT") or launch.values.get("SBATCH_ARGS"):
-            raise LaunchError("SUBMIT and SBATCH_ARGS submit a sweep's points (-m ...); one run on Slurm is "
-                              "sbatch scripts/slurm.sbatch [overrides]")  # fmt: skip
+        if launch.values.get("SUBMIT") or launch.values.get("SUBMIT_ARGS"):
+            raise LaunchError("SUBMIT and SUBMIT_ARGS submit a sweep's points: give -m and a sweep, or leave them out")
         if mode == "multi":  # the same path on every node: RUN_DIR, or outputs/RUN_NAME
             run_dir = Path(launch.values["RUN_DIR"] or Path("outputs") / launch.values["RUN_NAME"])
         else:

@@ -1,5 +1,5 @@
 """-m: a sweep, each point its own torchrun job (job.run_point), one after another in one sweep dir, or
-with SUBMIT=slurm each its own Slurm job (slurm_sweep.py); a table of the points and their final figures
+with SUBMIT=slurm each its own Slurm job (cluster_sweep.py); a table of the points and their final figures
 (results.md)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from .job import new_dir, run_point
 from .keys import LaunchArgs, LaunchError
 from .optuna_sweep import optuna_sweep
 from .plan import Launch
-from .slurm_sweep import slurm_sweep
 from .supervise import Forwarder
 
 
@@ -55,11 +54,12 @@ def sweep(launch: Launch, args: LaunchArgs, forwarder: Forwarder) -> int:
     swept = {item.split("=", 1)[0] for item in args.overrides if "," in item or "(" in item}
     if any(item.startswith("hydra/sweeper=optuna") for item in args.overrides):
         rows = optuna_sweep(launch, args.overrides, sweep_dir, forwarder)
-    elif launch.values["SUBMIT"] == "slurm":  # each point its own Slurm job (slurm_sweep.py)
+    elif launch.values["SUBMIT"] == "slurm":  # each point its own Slurm job (cluster_sweep.py)
+        cluster_sweep = submitting_module()
         points = sweep_points(args.overrides)
         print(f"sweep dir: {sweep_dir} ({len(points)} points, each a Slurm job)", flush=True)
         named = [(index, point, sweep_dir / point_dir_name(index, point, swept)) for index, point in enumerate(points)]
-        rows = slurm_sweep(launch, named)
+        rows = cluster_sweep(launch, named)
     else:
         points = sweep_points(args.overrides)
         print(f"sweep dir: {sweep_dir} ({len(points)} points)", flush=True)
@@ -76,6 +76,16 @@ def sweep(launch: Launch, args: LaunchArgs, forwarder: Forwarder) -> int:
     print(table, end="", flush=True)
     print(f"sweep dir: {sweep_dir} (results.md)", flush=True)
     return 0 if all(row["status"] == "done" for row in rows) else 1
+
+
+def submitting_module():  # noqa: ANN201
+    """cluster_sweep.cluster_sweep, in a project made with Slurm support (cookiecutter's slurm=yes)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{__package__}.cluster_sweep").cluster_sweep
+    except ModuleNotFoundError:
+        raise LaunchError("SUBMIT=slurm: this project was made without Slurm support (slurm=no)") from None
 
 
 def results_table(rows: list[dict], swept: set[str] | None = None) -> str:

@@ -1,4 +1,4 @@
-"""-m with SUBMIT=slurm: each point of a sweep its own Slurm job, `sbatch [SBATCH_ARGS] scripts/slurm.sbatch
+"""-m with SUBMIT=slurm: each point of a sweep its own Slurm job, `sbatch [SUBMIT_ARGS] scripts/slurm.sbatch
 RUN_DIR=<the point's dir> <its overrides>`, all submitted at once; the launcher waits for them (squeue) and
 gathers results.md as a local sweep does. A point whose run has finished is not submitted again, and one
 whose job is still queued or running is waited for, not submitted twice: launching the sweep again with
@@ -42,9 +42,9 @@ def queued(job_ids: list[str]) -> set[str]:
     return {line.split("_")[0].strip() for line in listed.splitlines() if line.strip()} & set(job_ids)
 
 
-def slurm_sweep(launch: Launch, points: list[tuple[int, list[str], Path]]) -> list[dict]:
+def cluster_sweep(launch: Launch, points: list[tuple[int, list[str], Path]]) -> list[dict]:
     """Submit the points that have not finished, wait for their jobs, and return every point's row."""
-    options = shlex.split(launch.values["SBATCH_ARGS"])
+    options = shlex.split(launch.values["SUBMIT_ARGS"])
     rows, waiting = {}, {}
     for index, point, run_dir in points:
         status_file = run_dir / STATUS_FILE

@@ -1,4 +1,4 @@
-"""launch/slurm_sweep.py with stand-ins for sbatch and squeue on PATH (the real Slurm: tests/e2e/test_slurm.py):
+"""launch/cluster_sweep.py with stand-ins for sbatch and squeue on PATH (the real Slurm: tests/e2e/test_slurm.py):
 each point not finished is one sbatch of scripts/slurm.sbatch with its run dir and overrides; a finished one is
 not submitted again, a queued one is waited for; a point's bad config is its own failure, nothing submitted."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.launch import slurm_sweep
+from {{cookiecutter.package_name}}.launch import cluster_sweep
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan
 from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
@@ -33,7 +33,7 @@ def fake_slurm(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
     monkeypatch.setenv("QUEUE", str(tmp_path / "queue"))
-    monkeypatch.setattr(slurm_sweep, "POLL_S", 0.01)
+    monkeypatch.setattr(cluster_sweep, "POLL_S", 0.01)
     return tmp_path
 
 
@@ -49,7 +49,7 @@ def test_each_unfinished_point_is_one_job_and_a_finished_one_is_not_submitted_ag
     (done_dir / "metrics.jsonl").write_text('{"kind": "val", "step": 8, "val_loss": 0.7}\n')
     points = [(0, [*POINT, "optim.lr=0.1"], done_dir), (1, [*POINT, "optim.lr=0.2"], sweep / "001_lr=0.2")]
     (fake_slurm / "queue").write_text("41\n")  # the new job is in the queue at the first look, gone at the next
-    rows = slurm_sweep.slurm_sweep(launch("SBATCH_ARGS=--nodes=1 --time=10"), points)
+    rows = cluster_sweep.cluster_sweep(launch("SUBMIT_ARGS=--nodes=1 --time=10"), points)
     calls = sorted((fake_slurm / "calls").iterdir())
     assert [path.name for path in calls] == ["41"], "one submission: the finished point is not submitted again"
     assert calls[0].read_text().splitlines() == [
@@ -69,13 +69,13 @@ def test_a_point_whose_job_is_still_queued_is_waited_for_not_submitted_twice(fak
     run_dir.mkdir(parents=True)
     (run_dir / "sweep_point.json").write_text(json.dumps({"status": "submitted", "job": "7"}) + "\n")
     (fake_slurm / "queue").write_text("7\n")
-    rows = slurm_sweep.slurm_sweep(launch(), [(0, POINT, run_dir)])
+    rows = cluster_sweep.cluster_sweep(launch(), [(0, POINT, run_dir)])
     assert not list((fake_slurm / "calls").iterdir()) and rows[0]["job"] == "7"
     assert "job 7 still in the queue, waited for" in capsys.readouterr().out
 
 
 def test_a_points_bad_config_fails_that_point_before_any_submission(fake_slurm: Path) -> None:
-    rows = slurm_sweep.slurm_sweep(launch(), [(0, [*POINT, "trainer.epochs=0"], fake_slurm / "sweep" / "000")])
+    rows = cluster_sweep.cluster_sweep(launch(), [(0, [*POINT, "trainer.epochs=0"], fake_slurm / "sweep" / "000")])
     assert rows[0]["status"] == "failed" and "trainer.epochs must be > 0" in rows[0]["reason"]
     assert not list((fake_slurm / "calls").iterdir())
 
@@ -83,4 +83,4 @@ def test_a_points_bad_config_fails_that_point_before_any_submission(fake_slurm: 
 def test_without_slurm_the_sweep_says_so_in_one_line(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no squeue
     with pytest.raises(LaunchError, match=r"SUBMIT=slurm: sbatch is not installed here"):
-        slurm_sweep.slurm(*["sbatch", "--parsable"])
+        cluster_sweep.slurm(*["sbatch", "--parsable"])
