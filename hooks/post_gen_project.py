@@ -32,7 +32,6 @@ UNCHOSEN_FILES = {
     ("slurm", "no"): [
         "scripts/slurm.sbatch",
         "tests/e2e/test_slurm.py",
-        "tests/e2e/test_slurm_two_nodes.py",
         "tests/e2e/local_slurm.py",
         "docs/slurm.md",
         f"{PACKAGE}/launch/cluster_sweep.py",

@@ -1,5 +1,5 @@
-"""A private Slurm cluster for tests (real slurmctld, slurmd; no /etc/slurm): clients use SLURM_CONF. One node
-(local_slurm), or two hosts played by two network namespaces on this machine (two_node_slurm)."""
+"""A private Slurm cluster for tests (real slurmctld, slurmd; no /etc/slurm): two hosts played by two network
+namespaces on this machine (two_node_slurm); clients use SLURM_CONF."""
 
 from __future__ import annotations
 
@@ -151,44 +151,6 @@ def _cancel_all(env: dict[str, str], timeout: float = 15, where: tuple[str, ...]
     while _run("squeue", "-h", env=env, where=where).stdout.strip() and time.monotonic() < deadline:
         _kill_tagged(env["SLURM_CONF"], spare="slurmstepd")  # it reports the job done once its tasks are gone
         time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def local_slurm(workdir: pathlib.Path) -> Iterator[dict[str, str]]:
-    """Run slurmctld and slurmd here; yield an env (SLURM_CONF set) for sbatch, squeue and scontrol.
-
-    Needs root and .ci/install_slurm.sh. One cluster per machine at a time: a munged started here is shared.
-    """
-    workdir = workdir.resolve()
-    host = socket.gethostname().split(".")[0]  # what `hostname -s` prints and slurmd calls itself
-    conf = _write_conf(workdir, host)
-    log = workdir / "log"
-    # Drop SLURM_* of an enclosing allocation so it cannot leak into this cluster's jobs.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"SLURM_CONF": str(conf)}
-    munged: subprocess.Popen[bytes] | None = None
-    daemons: list[subprocess.Popen[bytes]] = []
-    try:
-        if _run("munge", "-n").returncode != 0:  # no munged answering yet
-            munged = _start_munged(log / "munged.out")
-        # -D keeps the daemons our children, so cleanup knows exactly what to stop; -c: no state from a past run.
-        daemons.append(_spawn(["slurmctld", "-D", "-c", "-i", "-f", str(conf)], log / "slurmctld.out"))
-        daemons.append(_spawn(["slurmd", "-D", "-N", host, "-f", str(conf)], log / "slurmd.out"))
-        deadline = time.monotonic() + 30
-        while (state := _run("sinfo", "-h", "-N", "-n", host, "-o", "%T", env=env).stdout.strip()) != "idle":
-            if any(proc.poll() is not None for proc in daemons):
-                raise RuntimeError(f"a Slurm daemon exited during startup\n{_tail(sorted(log.glob('*')))}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"node {state or 'unknown'}, not idle, after 30 s\n{_tail(sorted(log.glob('*')))}")
-            time.sleep(0.2)
-        yield env
-    finally:
-        if daemons and all(proc.poll() is None for proc in daemons):
-            _cancel_all(env)
-        for proc in reversed(daemons):  # slurmd first, then slurmctld
-            _stop(proc)
-        _kill_tagged(str(conf))  # a lingering slurmstepd, or a job's child that escaped linuxproc
-        if munged is not None:
-            _stop(munged)
 
 
 @contextlib.contextmanager

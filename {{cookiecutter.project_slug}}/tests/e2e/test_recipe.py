@@ -1,8 +1,8 @@
 """The training recipe through scripts/run_single.sh, as users run it (docs/recipe.md): early stopping
 on 2 and 3 processes (every rank at one step, exit 0, a relaunch has finished), the best checkpoint
 exported and fine-tuned from with a new 3-class head, a step-counted run with validations, keep_best,
-the EMA and a torch scheduler SIGKILLed between two validations that ends as the uninterrupted one, under
-ddp and fsdp, and goes on on another number of processes."""
+the EMA and a torch scheduler SIGKILLed between two validations that ends as the uninterrupted one (fsdp),
+and goes on on another number of processes."""
 
 from __future__ import annotations
 
@@ -74,11 +74,11 @@ RECIPE = [*IMAGES, "data.num_classes=3", "data.train_size=640", "data.batch_size
           "+scheduler.step_size=3", "+scheduler.gamma=0.8", "scheduler.warmup_steps=2"]  # fmt: skip
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_fine_tuned_recipe_run_sigkilled_between_validations_ends_as_the_uninterrupted_one(
-    best_weights: Path, tmp_path: Path, strategy: str
+    best_weights: Path, tmp_path: Path
 ) -> None:
-    job = [*RECIPE, f"strategy={strategy}", f"model.init_from={best_weights}"]
+    """Under fsdp (ddp's resume of the same recipe: tests/engine/test_recipe.py, on two gloo ranks)."""
+    job = [*RECIPE, "strategy=fsdp", f"model.init_from={best_weights}"]
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     code, output = finish(start(reference, 2, *job))
     head = "skipped, shape differs: 7.weight [10, 32]->[3, 32], 7.bias [10]->[3]"
@@ -98,7 +98,7 @@ def test_a_fine_tuned_recipe_run_sigkilled_between_validations_ends_as_the_unint
     assert validations[0] == validations[1] and [r["step"] for r in validations[0]] == [10, 20]
     best = [json.loads((run_dir / "checkpoints" / "best.json").read_text()) for run_dir in (reference, killed)]
     assert best[0] == best[1] and checkpoint_of(killed, best[1]["steps"][0]).exists()
-    if strategy == "fsdp":  # the same run goes on on one process: its shards and its EMA resharded
-        code, output = finish(start(killed, 1, *job, "trainer.max_steps=22"))
-        assert code == 0 and re.search(r"resumed from \S+: epoch 1, step 20, .*saved by 2 processes, now 1", output)
-        assert steps_saved(killed)[-1] == 22, output[-3000:]
+    # The same run goes on on one process: its shards and its EMA resharded.
+    code, output = finish(start(killed, 1, *job, "trainer.max_steps=22"))
+    assert code == 0 and re.search(r"resumed from \S+: epoch 1, step 20, .*saved by 2 processes, now 1", output)
+    assert steps_saved(killed)[-1] == 22, output[-3000:]
