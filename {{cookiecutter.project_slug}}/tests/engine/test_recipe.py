@@ -92,7 +92,8 @@ def test_ema_and_the_recipe_resume_exactly_on_two_ranks(tmp_path: Path, strategy
 def stop_early(env: DistEnv, run_dir: Path) -> tuple[int, str, bool]:
     overrides = ["trainer.epochs=5", "trainer.val_every_n_steps=2", "trainer.early_stop_patience=2",
                  "trainer.early_stop_min_delta=100"]  # fmt: skip  # nothing improves by 100: stops at the third
-    config = to_train_config(compose_config([*TINY, "data.batch_size=8", *overrides]))
+    # 10 steps an epoch on two ranks: the stop at step 6 falls mid-epoch, where the loop itself must end.
+    config = to_train_config(compose_config([*TINY, "data.batch_size=8", "data.train_size=160", *overrides]))
     trained = build_trainer(config, env, run_dir)
     trained.fit()
     again = build_trainer(config, env, run_dir)  # a relaunch
