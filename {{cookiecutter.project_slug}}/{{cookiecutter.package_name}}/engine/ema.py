@@ -17,13 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .strategies.fsdp import local
+
 log = logging.getLogger(__name__)
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor: a DTensor's local shard, the tensor itself otherwise."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if to_local is not None else tensor
 
 
 class EMA:
