@@ -69,6 +69,8 @@ def send_bytes(env, payloads: list[bytes | None]) -> list[bytes]:
 def test_bytes_reach_every_rank_from_any_source() -> None:
     ranks = on_ranks(2, send_bytes, [b"checkpoint file", bytes(range(256))])
     assert ranks[0] == ranks[1] == [b"checkpoint file", bytes(range(256)), b"rank 0", b"rank 1rank 1"]
+    ranks = on_ranks(2, send_bytes, [None, b""])  # a source with nothing to send: nothing arrives
+    assert ranks[0][:2] == ranks[1][:2] == [b"", b""]
 
 
 def test_each_torchrun_restart_gets_a_key_space_of_its_own_in_the_agents_store(monkeypatch) -> None:
@@ -81,6 +83,10 @@ def test_each_torchrun_restart_gets_a_key_space_of_its_own_in_the_agents_store(m
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(server.port))
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    store = distributed.restart_store(1, datetime.timedelta(seconds=10))
+    store = distributed.restart_store(1, datetime.timedelta(seconds=7))
     store.set("addr", "x")
     assert server.get("restart_2/addr") == b"x" and not server.check(["addr"])
+    assert store.timeout == datetime.timedelta(seconds=7), "the job's dist.timeout_s, not the store's default"
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")  # the first generation, where torchrun leaves it unset
+    distributed.restart_store(1, datetime.timedelta(seconds=10)).set("addr", "y")
+    assert server.get("restart_0/addr") == b"y"

@@ -1,4 +1,5 @@
-"""evaluate.py in this process: exact means over the whole set, from shards that add up at any world size."""
+"""evaluate.py in this process: exact means over the whole set, from shards that add up at any world size;
+the trainer's validation under fsdp, whose forwards are collectives, on two ranks."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.build import build_trainer
 from {{cookiecutter.package_name}}.engine.data import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
 from {{cookiecutter.package_name}}.tasks import Classification
 
-from ..helpers import BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
+from ..helpers import SMALL, BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
 
 CPU = torch.device("cpu")
 
@@ -89,3 +91,15 @@ def test_the_result_reads_as_metrics_jsonl_and_the_console_take_it() -> None:
     assert result.loss == 0.5
     assert result.record() == {"val_loss": 0.5, "val_acc": 0.25, "val_samples": 999}
     assert result.line() == "val_loss=0.500000 val_acc=0.250000 val_samples=999"
+
+
+def fsdp_validation(env, run_dir) -> EvalResult:  # noqa: ANN001
+    """5 samples in batches of 2 on 2 ranks: rank 0 has 2 batches, rank 1 one, and every forward gathers
+    the shards, so the trainer must validate in lock step (a filler forward on rank 1) or hang."""
+    overrides = [*SMALL, "strategy=fsdp", "data.train_size=16", "data.val_size=5", "data.batch_size=2"]
+    return build_trainer(to_train_config(compose_config(overrides)), env, run_dir).validate()
+
+
+def test_validation_under_fsdp_runs_as_many_forwards_on_every_rank_and_counts_each_sample_once(tmp_path) -> None:
+    first, second = on_ranks(2, fsdp_validation, tmp_path, timeout=60)
+    assert first == second and first.samples == 5 and first.metrics["loss"] > 0

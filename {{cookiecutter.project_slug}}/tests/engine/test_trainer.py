@@ -5,6 +5,7 @@ tests/engine/checkpoint/test_manager.py; the DDP wrapping: tests/engine/strategi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.distributed import weights_fingerprint
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.placement import DistEnv
 from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER, STOPPED_MARKER
@@ -110,6 +112,37 @@ def test_fit_trains_validates_and_checkpoints_every_epoch_then_says_it_has_finis
     again = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=2", "checkpoint.keep_last=10")
     assert again.fit() == result and again.state.step == 6, "nothing trained again, the same evaluation"
     assert "training had already finished at step 6; evaluating" in caplog.text
+
+
+def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weights(tmp_path: Path, caplog) -> None:
+    """3 steps an epoch, a validation every 2 steps and at each epoch's end; nothing improves by 100, so
+    the third validation (step 4) stops the run. A relaunch says it had finished, and why."""
+    caplog.set_level("INFO")
+    recipe = ["trainer.epochs=5", "trainer.val_every_n_steps=2", "trainer.early_stop_patience=2",
+              "trainer.early_stop_min_delta=100"]  # fmt: skip
+    run = trainer(tmp_path, *recipe)
+    run.fit()
+    said = [record.getMessage() for record in caplog.records if record.name.endswith(".trainer")]
+    between = [line for line in said if re.fullmatch(r"step \d+: val_loss=\S+ val_acc=\S+ val_samples=16 "
+                                                     r"\(validated in \d+\.\d s\)", line)]  # fmt: skip
+    assert [line.split(":")[0] for line in between] == ["step 2", "step 4"], "not step 3's: the epoch's end says it"
+    stopped = "val_loss has not improved for 2 validations (patience 2; best "
+    assert f"stopping early at step 4: {run.monitor.stopped}" in said and run.monitor.stopped.startswith(stopped)
+    fingerprint = f"weights at step 4: sha256 {weights_fingerprint(run.strategy.full_weights())}"
+    assert said[-1] == fingerprint
+    caplog.clear()
+    again = trainer(tmp_path, *recipe)
+    assert again.fit().samples == 16
+    said = [record.getMessage() for record in caplog.records if record.name.endswith(".trainer")]
+    assert said == [f"training had already finished at step 4 (stopped early: {run.monitor.stopped}); evaluating",
+                    fingerprint]  # fmt: skip
+
+
+def test_a_run_that_reached_trainer_max_steps_has_finished_and_a_relaunch_trains_nothing(tmp_path: Path) -> None:
+    run = trainer(tmp_path, "trainer.epochs=5", "trainer.max_steps=2")
+    run.fit()
+    again = trainer(tmp_path, "trainer.epochs=5", "trainer.max_steps=2")
+    assert run.state.step == again.state.step == 2 and again.finished() and not run.monitor.stopped
 
 
 def test_a_stop_signal_checkpoints_the_step_and_says_which_signal(tmp_path: Path) -> None:

@@ -1,16 +1,19 @@
-"""launch/supervise.py: a stop signal that comes before torchrun starts means it never does."""
+"""launch/supervise.py: a stop signal that comes before torchrun starts means it never does; one that
+comes while it runs is passed on to it; a worker's error no restart can fix kills it at once."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
 from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch import main as launch_module
 from {{cookiecutter.package_name}}.launch.main import main
+from {{cookiecutter.package_name}}.launch.supervise import FORWARDED_SIGNALS, Forwarder
 
 
 @pytest.mark.parametrize(("mode", "signum"), [("single", signal.SIGTERM), ("single", signal.SIGINT),
@@ -38,3 +41,46 @@ def test_a_signal_during_the_checks_stops_the_launch_before_torchrun(monkeypatch
     name = signal.Signals(signum).name
     assert capsys.readouterr().err == f"stopped by {name} before torchrun started: nothing was trained\n"
     assert not (tmp_path / "outputs").exists(), "no run dir for a launch that never started"
+
+
+TORCHRUN = [sys.executable, "-c", "import time; time.sleep(30)"]  # torchrun's stand-in: runs until stopped
+
+
+def ended(forwarder: Forwarder) -> int | None:
+    """The stand-in's exit code (-N: signal N ended it), once it ended; one still running is killed first."""
+    forwarder.close()
+    if forwarder.child is not None and forwarder.child.poll() is None:
+        forwarder.child.kill()
+        forwarder.child.wait()
+    return None if forwarder.child is None else forwarder.child.returncode
+
+
+@pytest.mark.parametrize("signum", FORWARDED_SIGNALS, ids=lambda signum: signum.name)
+def test_a_stop_signal_to_the_launcher_is_passed_on_to_the_running_torchrun(signum: int) -> None:
+    """torchrun (its own process group: the terminal's Ctrl-C does not reach it) gets the launcher's
+    signal, the same one; the launcher's code says which (128 + it)."""
+    forwarder = Forwarder()
+    asked: list[int] = []
+
+    def signal_while_it_runs() -> bool:  # asked every 0.2 s while torchrun runs
+        asked.append(1)
+        if len(asked) == 1:
+            os.kill(os.getpid(), signum)
+        return len(asked) > 10  # not passed on: give up after 2 s (the stand-in killed)
+
+    try:
+        code = forwarder.run(TORCHRUN, dict(os.environ), signal_while_it_runs)
+    finally:
+        returncode = ended(forwarder)
+    assert (code, returncode) == (128 + signum, -signum)
+
+
+def test_a_worker_error_no_restart_can_fix_kills_torchrun_at_once() -> None:
+    """`failed` true (a worker's FAILED_MARKER): torchrun is killed before it restarts anyone, and waited for."""
+    forwarder = Forwarder()
+    try:
+        code = forwarder.run(TORCHRUN, dict(os.environ), failed=lambda: True)
+        assert forwarder.child is not None and forwarder.child.returncode == -signal.SIGKILL, "killed and waited for"
+    finally:
+        ended(forwarder)
+    assert code == 1

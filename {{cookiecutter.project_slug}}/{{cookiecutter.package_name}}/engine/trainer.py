@@ -69,7 +69,7 @@ class Trainer:
         """Everything a checkpoint holds (a collective: every rank calls it at the same point)."""
         return self.checkpoints.state_dict()
 
-    def load_state_dict(self, payload: dict[str, Any], source: Path | str = "checkpoint") -> None:
+    def load_state_dict(self, payload: dict[str, Any], source: Path | str) -> None:
         """The exact inverse of state_dict(), at this world size."""
         self.checkpoints.load_state_dict(payload, source)
 

@@ -44,38 +44,39 @@ def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: For
     new = run_dir is None or not run_dir.exists()
     run_dir = run_dir or new_dir()
     node_lock = f"{LOCK_FILE}.node{launch.values['NODE_RANK']}" if launch.mode == "multi" else LOCK_FILE
-    lock = lock_run_dir(run_dir, node_lock)  # each node's run dir: one job at a time
-    node = f" (node {launch.values['NODE_RANK']})" if launch.mode == "multi" else ""
-    say(f"run dir: {run_dir}{node}")
-    in_memory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a full disk must not silence the workers
-    control = Path(tempfile.mkdtemp(prefix="train_control_", dir=in_memory))
-    launch = replace(launch, env={**launch.env, CONTROL_DIR_ENV: str(control)})
-    if launch.values.get("DEBUG") == "1":  # the run dir is known only now
-        debug_dir = run_dir.resolve() / DEBUG_DIR
-        debug_dir.mkdir(exist_ok=True)
-        launch = replace(launch, env={**launch.env, **debug_dir_environment(debug_dir, dict(os.environ))})
+    lock = lock_run_dir(run_dir, node_lock)  # each node's run dir: one job at a time, freed however it ends
     try:
-        clear_markers(run_dir, control)
-        overrides = [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides]
-        killed_before = oom_kills()
-        code = torchrun(launch, f"{PACKAGE}.train", overrides, forwarder,
-                        failed=lambda: read_marker(run_dir, FAILED_MARKER, control) is not None)  # fmt: skip
-        code = job_exit_code(code, run_dir, control, forwarder)
-        refused = is_refusal(read_marker(run_dir, FAILED_MARKER, control))
-        if line := oom_line(killed_before, oom_kills()):
-            say(f"error: {line}" if code else f"warning: {line} (torchrun restarted them)", err=True)
-    finally:
-        shutil.rmtree(control, ignore_errors=True)
-    if refused:  # the workers' checks refused the job before any work: a run dir made for it goes
-        os.close(lock)
-        if new and all(path.name.startswith(LOCK_FILE) for path in run_dir.iterdir()):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        node = f" (node {launch.values['NODE_RANK']})" if launch.mode == "multi" else ""
+        say(f"run dir: {run_dir}{node}")
+        in_memory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a full disk must not silence the workers
+        control = Path(tempfile.mkdtemp(prefix="train_control_", dir=in_memory))
+        launch = replace(launch, env={**launch.env, CONTROL_DIR_ENV: str(control)})
+        if launch.values.get("DEBUG") == "1":  # the run dir is known only now
+            debug_dir = run_dir.resolve() / DEBUG_DIR
+            debug_dir.mkdir(exist_ok=True)
+            launch = replace(launch, env={**launch.env, **debug_dir_environment(debug_dir, dict(os.environ))})
+        try:
+            clear_markers(run_dir, control)
+            overrides = [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides]
+            killed_before = oom_kills()
+            code = torchrun(launch, f"{PACKAGE}.train", overrides, forwarder,
+                            failed=lambda: read_marker(run_dir, FAILED_MARKER, control) is not None)  # fmt: skip
+            code = job_exit_code(code, run_dir, control, forwarder)
+            refused = is_refusal(read_marker(run_dir, FAILED_MARKER, control))
+            if line := oom_line(killed_before, oom_kills()):
+                say(f"error: {line}" if code else f"warning: {line} (torchrun restarted them)", err=True)
+        finally:
+            shutil.rmtree(control, ignore_errors=True)
+        if refused:  # the workers' checks refused the job before any work: a run dir made for it goes
+            if new and all(path.name.startswith(LOCK_FILE) for path in run_dir.iterdir()):
+                shutil.rmtree(run_dir, ignore_errors=True)
+            return code
+        say(f"run dir: {run_dir}{node} (logs/, metrics.jsonl, checkpoints/)")
+        if (record := last_evaluation(run_dir)) is not None:
+            say(f"last evaluation: {json.dumps(record)}")
         return code
-    say(f"run dir: {run_dir}{node} (logs/, metrics.jsonl, checkpoints/)")
-    if (record := last_evaluation(run_dir)) is not None:
-        say(f"last evaluation: {json.dumps(record)}")
-    os.close(lock)
-    return code
+    finally:
+        os.close(lock)
 
 
 def job_exit_code(code: int, run_dir: Path, control: Path, forwarder: Forwarder) -> int:

@@ -73,8 +73,10 @@ def test_the_shard_size_is_a_nodes_processes_unless_set_and_must_divide_the_worl
     config = to_train_config(compose_config([*JOB, f"hsdp.shard_size={shard_size}"]))
     strategy = build_strategy(config, DistEnv(0, 0, world, local, "gloo", torch.device("cpu")))
     if refused:
-        with pytest.raises(ConfigError, match=rf"^hsdp.shard_size={shard_size} does not divide the {world} ranks"):
+        with pytest.raises(ConfigError) as error:
             strategy.check(use_cuda=False)
+        assert str(error.value) == (f"hsdp.shard_size={shard_size} does not divide the {world} ranks into shard "
+                                    "groups: give a divisor of the world size (0: each node's processes)")  # fmt: skip
         return
     strategy.check(use_cuda=False)
     assert strategy.shard_size() == (shard_size or local)
@@ -90,3 +92,11 @@ def test_hsdp_options_are_fsdps_and_ddp_options_are_refused_under_it() -> None:
     with pytest.raises(ConfigError, match="hsdp.shard_size=2 is a HSDP option, and strategy=fsdp does not use it"):
         to_train_config(compose_config([*JOB, "strategy=fsdp", "hsdp.shard_size=2"]))
     to_train_config(compose_config([*JOB, "fsdp.reshard_after_forward=false"]))  # fsdp's section: hsdp's too
+
+
+def test_hsdp_keeps_fsdps_checks_with_the_jobs_own_devices() -> None:
+    config = to_train_config(compose_config([*JOB, "fsdp.cpu_offload=true"]))
+    strategy = build_strategy(config, DistEnv(0, 0, 4, 2, "gloo", torch.device("cpu")))
+    with pytest.raises(ConfigError, match="^fsdp.cpu_offload=true moves the shards off the GPUs"):
+        strategy.check(use_cuda=False)
+    strategy.check(use_cuda=True)  # on GPUs, offloading is what it is for
