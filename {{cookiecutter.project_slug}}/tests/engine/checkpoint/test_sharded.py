@@ -1,20 +1,35 @@
-"""engine/checkpoint/sharded.py: a folder of shards holds the trained weights, read back whole; its
-metadata is read without running code."""
+"""engine/checkpoint/sharded.py: a folder of shards holds the trained weights, read back whole (and into a
+plain model, the EMA's where it holds one), with every rank's shard file named; a ddp checkpoint loads into a
+sharded model and its optimizer; the metadata is read without running code."""
 
 from __future__ import annotations
 
+import copy
 import pickle
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
-from {{cookiecutter.package_name}}.engine.checkpoint.sharded import MetadataUnpickler, SafeReader, read_whole
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.checkpoint import weights
+from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
+    MetadataUnpickler,
+    SafeReader,
+    load_full_state,
+    read_whole,
+    shard_files,
+)
+from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.models import SmallCNN
+from {{cookiecutter.package_name}}.placement import DistEnv
 
-from ...helpers import PYTHON, run
+from ...helpers import PYTHON, assert_same, compose_config, on_ranks, run
 
 
 @pytest.mark.slow
@@ -49,3 +64,115 @@ def test_the_shards_metadata_is_read_without_running_code(tmp_path: Path) -> Non
     assert not (tmp_path / "pwned").exists()
     with open(folder / ".metadata", "rb") as file, pytest.raises(pickle.UnpicklingError):
         MetadataUnpickler(file).load()
+
+
+# --- two fsdp ranks in-process (tests/helpers.py's on_ranks): their checkpoints, read here
+
+STEP = ["model=small_cnn", "data=synthetic", "data.train_size=16", "data.val_size=4", "data.batch_size=4"]
+
+
+def one_step(env: DistEnv, run_dir: Path, *overrides: str) -> Trainer:
+    """SmallCNN's trainer after one optimizer step: momentum, BatchNorm statistics and the EMA are not fresh."""
+    trained = build_trainer(to_train_config(compose_config([*STEP, *overrides])), env, run_dir)
+    inputs, targets, weights, _ = next(iter(trained.data.train_loader))
+    trained.runner.micro_step(inputs, targets, weights, real_samples=env.world_size * len(weights), sync=True)
+    trained.runner.optimizer_step()
+    trained.ema.update(1)
+    trained.state.step = 1
+    return trained
+
+
+def gathered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole copies of the tensors (a collective where they are DTensors: every rank calls it)."""
+    return {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone() for name, t in tensors.items()}
+
+
+def save_sharded(env: DistEnv, tmp_path: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """Step 1's checkpoint of two fsdp runs, without and with trainer.ema; the live weights (gathered on
+    rank 0) and the EMA's, as they were saved."""
+    live = {}
+    for name, ema in (("plain", "0.0"), ("ema", "0.5")):
+        trained = one_step(env, tmp_path / name, "strategy=fsdp", f"trainer.ema.decay={ema}")
+        trained.save()
+        trained.checkpoints.wait()
+        live[name] = gathered(trained.strategy.full_weights())
+        live[f"{name}_average"] = gathered(trained.ema.state_dict().get("ema", {}))
+    return live
+
+
+def test_two_ranks_shards_read_back_whole_are_the_live_weights_and_load_into_a_plain_model(tmp_path: Path) -> None:
+    live = on_ranks(2, save_sharded, tmp_path)[0]
+    plain, averaged = (tmp_path / name / "checkpoints" / "step_00000001" for name in ("plain", "ema"))
+    assert shard_files(plain) == shard_files(averaged) == ["__0_0.distcp", "__1_0.distcp"], "each rank's, once"
+
+    whole = read_whole(plain)
+    assert sorted(whole) == ["model", "optimizer"], "no EMA in a run without it"
+    assert_same(whole["model"], live["plain"], "the shards read whole")
+    assert whole["model"]["0.1.num_batches_tracked"] == 1 and whole["model"]["0.1.running_mean"].abs().sum() > 0
+    assert sorted(whole["optimizer"]["state"]) == sorted(name for name, _ in SmallCNN(10).named_parameters())
+    assert sorted(read_whole(averaged)) == ["ema", "model", "optimizer"]
+    assert_same(read_whole(averaged)["ema"], live["ema_average"], "the EMA's shards read whole")
+
+    model = SmallCNN(num_classes=10)  # as eval.py and the export read a folder (weights.py), whatever wrote it
+    assert not weights.has_ema(plain, weights.load_weights(plain, model))
+    assert_same(model.state_dict(), live["plain"], "a plain model: the trained weights and buffers")
+    assert weights.has_ema(averaged, weights.load_weights(averaged, model))
+    assert_same(model.state_dict(), {**live["ema"], **live["ema_average"]}, "the EMA's parameters, the buffers")
+    assert not torch.equal(live["ema"]["7.weight"], live["ema_average"]["7.weight"]), "the average is not the weights"
+
+
+# SmallCNN's parameters as the project's optimizer numbers them (components.build_optimizer): the
+# weights (with decay) first, then the biases and the normalisation's (without), each in model order.
+OPTIMIZER_ORDER = ["0.0.weight", "2.0.weight", "4.0.weight", "7.weight", "0.1.weight", "0.1.bias", "2.1.weight",
+                   "2.1.bias", "4.1.weight", "4.1.bias", "7.bias"]  # fmt: skip
+
+
+def settings(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An optimizer's param_groups less their parameters: lr, momentum, weight_decay..."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in groups]
+
+
+def ddp_into_fsdp(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
+    """A ddp trainer's state after a step (what its step_<N>.pt holds), loaded into a fresh fsdp trainer of
+    another learning rate: the source, whether each momentum is held as the rank's shard, and the sharded
+    model's weights and optimizer state gathered whole."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    source = one_step(env, tmp_path / "ddp", "strategy=ddp", "optim.lr=0.05").strategy.state_dict()
+    sharded = build_trainer(to_train_config(compose_config([*STEP, "strategy=fsdp"])), env, tmp_path / "fsdp")
+    model, optimizer = sharded.model, sharded.optimizer
+    before = settings(optimizer.param_groups)
+    kept = copy.deepcopy(source)  # torch's loader lays the whole tensors it is given out as shards, in place
+    load_full_state(model, optimizer, source["model"], source["optimizer"])
+    as_shards = {}
+    for name, parameter in model.named_parameters():
+        held = optimizer.state[parameter]["momentum_buffer"]
+        laid_out = isinstance(held, DTensor) and held.placements == parameter.placements
+        as_shards[name] = laid_out and held.to_local().shape == parameter.to_local().shape
+    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {
+        "source": kept,
+        "before": before,
+        "as_shards": as_shards,
+        "weights": gathered(sharded.strategy.full_weights()),
+        "state": {name: gathered(state) for name, state in full["state"].items()},
+        "groups": full["param_groups"],
+    }
+
+
+def test_a_ddp_checkpoint_loads_into_a_sharded_model_and_optimizer_each_parameter_by_its_number(
+    tmp_path: Path,
+) -> None:
+    loaded = on_ranks(2, ddp_into_fsdp, tmp_path)[0]
+    source = loaded["source"]
+    assert_same(loaded["weights"], source["model"], "the sharded model's weights and buffers, gathered")
+    assert loaded["as_shards"] == dict.fromkeys(OPTIMIZER_ORDER, True), "each rank holds its shard of the momentum"
+    assert sorted(source["optimizer"]["state"]) == list(range(11)), "torch.optim's: by parameter number"
+    assert sorted(loaded["state"]) == sorted(OPTIMIZER_ORDER)
+    for number, name in enumerate(OPTIMIZER_ORDER):
+        assert_same(loaded["state"][name], source["optimizer"]["state"][number], f"{name}'s momentum")
+    assert [group["params"] for group in loaded["groups"]] == [OPTIMIZER_ORDER[:4], OPTIMIZER_ORDER[4:]]
+    saved = settings(source["optimizer"]["param_groups"])
+    assert settings(loaded["groups"]) == saved, "the param_groups' settings, as saved"
+    assert [(group["lr"], group["weight_decay"]) for group in saved] == [(0.05, 5e-4), (0.05, 0.0)]
+    assert [group["lr"] for group in loaded["before"]] == [0.1, 0.1], "the fsdp run's own lr, replaced"

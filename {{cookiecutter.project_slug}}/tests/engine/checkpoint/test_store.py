@@ -1,11 +1,16 @@
 """engine/checkpoint/store.py, against a real S3 API on 127.0.0.1 (moto's server): a checkpoint goes
 up whole, a resume on an empty disk brings the newest whole one down, pruning happens there too, and
-a store that stops answering is retried for a bounded time, then one line names the last one saved."""
+a store that stops answering is retried for a bounded time, then one line names the last one saved.
+In this process's memory (fsspec's memory://): rank 0 waits for the other ranks' shards before it makes
+a folder whole, as long as they take to come up, for checkpoint.store_retry_s at most."""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +19,7 @@ from {{cookiecutter.package_name}}.config import CheckpointConfig
 from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
 from {{cookiecutter.package_name}}.errors import ConfigError, JobError
-from {{cookiecutter.package_name}}.storage import check_reachable
+from {{cookiecutter.package_name}}.storage import check_reachable, filesystem
 
 
 def config(url: str, keep_last: int = 2, retry_s: float = 1.0) -> CheckpointConfig:
@@ -81,3 +86,65 @@ def test_a_store_that_stops_answering_is_retried_then_one_line_names_the_last_sa
     assert f"the last checkpoint saved there: {url}/step_00000001.pt, intact" in message and "\n" not in message
     assert s3_server.secret not in message
     assert (tmp_path / "step_00000001.pt").is_file(), "the local copy of the last one stays too"
+
+
+@pytest.fixture
+def memory_url(tmp_path: Path) -> Iterator[str]:
+    """A store in this process's memory, this test's own (fsspec's memory:// is one per process)."""
+    url = f"memory://{tmp_path.name}/run"
+    yield url
+    fs, root = filesystem(url)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def shards(folder: Path, ranks: int) -> Path:
+    """A folder of shards as `ranks` ranks leave it before trainer.pt: each one's file, and the metadata."""
+    folder.mkdir()
+    for rank in range(ranks):
+        (folder / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * 8)
+    (folder / ".metadata").write_bytes(b"metadata")
+    return folder
+
+
+def test_rank_zero_waits_for_the_other_ranks_shards_until_every_one_is_there(
+    memory_url: str, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    local = shards(tmp_path / ".tmp_step_00000003", ranks=2)
+    store, other_rank = CheckpointStore(memory_url, retry_s=30.0), CheckpointStore(memory_url, retry_s=30.0)
+    store.upload(local, "step_00000003", ["__0_0.distcp", ".metadata"])  # rank 0's own part
+    waits: list[float] = []
+
+    def rank_one_uploads_meanwhile(seconds: float) -> None:
+        assert not waits, "one wait was enough: the shards were there"
+        waits.append(seconds)
+        other_rank.upload(local, "step_00000003", ["__1_0.distcp"])
+
+    clock = SimpleNamespace(monotonic=time.monotonic, sleep=rank_one_uploads_meanwhile)
+    monkeypatch.setattr(f"{CheckpointStore.__module__}.time", clock)  # the wait: rank 1's upload, no sleep
+    caplog.set_level(logging.WARNING)
+    store.wait_for("step_00000003", ["__1_0.distcp", "__0_0.distcp"])
+    assert waits == [0.5], "the first retry's wait"
+    assert caplog.messages == [
+        "checkpoint store: waiting for step_00000003's shards failed "
+        "(FileNotFoundError: 1 shard files not there yet (__1_0.distcp)); retrying in 0.5 s"
+    ]
+    store.wait_for("step_00000003", ["__0_0.distcp", "__1_0.distcp"])  # all there: no wait (a second fails)
+    assert waits == [0.5] and store.last_uploaded is None, "no trainer.pt yet: not whole"
+
+
+def test_shards_that_never_come_stop_the_job_after_store_retry_s_in_one_line(memory_url: str, tmp_path: Path) -> None:
+    store = CheckpointStore(memory_url, retry_s=0.6)
+    (tmp_path / "step_00000002.pt").write_bytes(b"whole")
+    store.upload(tmp_path / "step_00000002.pt", "step_00000002.pt")
+    store.upload(shards(tmp_path / ".tmp_step_00000004", ranks=3), "step_00000004", ["__0_0.distcp", ".metadata"])
+    started = time.monotonic()
+    with pytest.raises(JobError) as stopped:
+        store.wait_for("step_00000004", ["__2_0.distcp", "__0_0.distcp", "__1_0.distcp"])
+    waited = time.monotonic() - started
+    assert 0.6 <= waited < 5, f"retried for checkpoint.store_retry_s, then stopped ({waited:.2f} s)"
+    assert str(stopped.value) == (
+        f"checkpoint.dir={memory_url}: waiting for step_00000004's shards failed for 1 s (FileNotFoundError: 2 "
+        f"shard files not there yet (__1_0.distcp)); the last checkpoint saved there: {memory_url}/step_00000002.pt, "
+        "intact; fix the store (address, credentials, space), then launch again to resume from it"
+    )

@@ -1,6 +1,7 @@
 """strategy=fsdp in one process: the refusals before any work, the blocks sharded, bf16 from fp32
-shards. The sharded checkpoints: tests/engine/checkpoint/test_sharded.py; the jobs themselves (2 and 3
-processes, killed, resumed): e2e/test_fsdp.py."""
+shards, the bytes a rank holds (benchmarks/fsdp_memory.py's figures). The sharded checkpoints:
+tests/engine/checkpoint/test_sharded.py; the jobs themselves (2 and 3 processes, killed, resumed):
+e2e/test_fsdp.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import torchvision
 
 from {{cookiecutter.package_name}}.config import FSDPConfig, to_train_config
-from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, find_blocks
+from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, find_blocks, per_rank_bytes
 from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.models import GPT, SmallCNN
 
@@ -37,8 +38,10 @@ def test_what_fsdp_cannot_do_is_refused_in_one_line(override: str, message: str)
 
 def test_cpu_offload_without_gpus_is_refused_before_any_work() -> None:
     config = to_train_config(compose_config(["strategy=fsdp", "fsdp.cpu_offload=true"]))
-    with pytest.raises(ConfigError, match=r"fsdp\.cpu_offload=true moves the shards off the GPUs.*drop it"):
+    with pytest.raises(ConfigError) as error:
         FSDP(config, cpu_env(0, 2)).check(use_cuda=False)
+    assert str(error.value) == ("fsdp.cpu_offload=true moves the shards off the GPUs, and this job runs on CPUs, "
+                                "where they are already: drop it (or run on GPUs)")  # fmt: skip
     FSDP(config, cpu_env(0, 2)).check(use_cuda=True)
 
 
@@ -81,3 +84,12 @@ def test_bf16_under_fsdp_computes_in_bf16_from_fp32_shards_and_reduces_the_loss_
         assert layer.weight.to_local().dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
     finally:
         dist.destroy_process_group()
+
+
+def test_the_bytes_held_are_counted_per_tensor_by_its_element_size_gradients_and_optimizer_state_apart() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2, dtype=torch.float64))
+    optimizer = torch.optim.Adam(model.parameters())
+    assert per_rank_bytes(model, optimizer) == {"parameters": 15 * 4 + 8 * 8, "gradients": 0, "optimizer": 0}
+    model[0].weight.grad = torch.ones_like(model[0].weight)  # the others' stay None: nothing held for them
+    optimizer.step()  # Adam's state for that one alone: step (a 0-d fp32 tensor), exp_avg, exp_avg_sq
+    assert per_rank_bytes(model, optimizer) == {"parameters": 124, "gradients": 12 * 4, "optimizer": 4 + 2 * 12 * 4}

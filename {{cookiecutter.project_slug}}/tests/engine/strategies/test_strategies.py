@@ -1,11 +1,14 @@
-"""engine/strategies/: a strategy= that is none of the project's is refused (each strategy's own
-tests: test_ddp.py, test_fsdp.py, test_hsdp.py)."""
+"""engine/strategies/: the strategies are the modules beside its __init__.py, each the one its name says and
+the config knows; a strategy= that is none of the project's is refused (each strategy's own tests:
+test_ddp.py, test_fsdp.py, test_hsdp.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.config.values import STRATEGY_SECTIONS
+from {{cookiecutter.package_name}}.engine.strategies import names, strategy_class
 from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ...helpers import compose_config
@@ -14,3 +17,9 @@ from ...helpers import compose_config
 def test_an_unknown_strategy_is_refused() -> None:
     with pytest.raises(ConfigError, match="strategy='zero3' is not one of ddp, fsdp"):
         to_train_config(compose_config(["strategy=zero3"]))
+
+
+def test_the_strategies_are_the_modules_beside_the_interface_each_of_its_name_and_known_to_the_config() -> None:
+    assert names() == ["ddp", "fsdp", "hsdp"]
+    assert [strategy_class(name).name for name in names()] == names()
+    assert sorted(STRATEGY_SECTIONS) == names(), "each strategy's config sections (config/values.py)"
