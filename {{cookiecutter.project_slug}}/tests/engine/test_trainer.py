@@ -126,6 +126,12 @@ def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weig
     between = [line for line in said if re.fullmatch(r"step \d+: val_loss=\S+ val_acc=\S+ val_samples=16 "
                                                      r"\(validated in \d+\.\d s\)", line)]  # fmt: skip
     assert [line.split(":")[0] for line in between] == ["step 2", "step 4"], "not step 3's: the epoch's end says it"
+    (epoch,) = [re.fullmatch(r"epoch 1/5 done in (\d+\.\d) s \((\d+) samples/s\): val_loss=\S+ val_acc=\S+ "
+                             r"val_samples=16", line) for line in said if " done in " in line]  # fmt: skip
+    seconds, rate, size = float(epoch[1]), int(epoch[2]), run.data.sampler.dataset_size  # printed to 0.1 s
+    assert seconds < 600, "the epoch's own time: 3 small steps"
+    assert size / (seconds + 0.05) - 1 <= rate <= (size / (seconds - 0.05) + 1 if seconds > 0.05 else 10**9), said
+    assert not any("already finished" in line for line in said), "the run that stopped early returns its evaluation"
     stopped = "val_loss has not improved for 2 validations (patience 2; best "
     assert f"stopping early at step 4: {run.monitor.stopped}" in said and run.monitor.stopped.startswith(stopped)
     fingerprint = f"weights at step 4: sha256 {weights_fingerprint(run.strategy.full_weights())}"
