@@ -148,3 +148,93 @@ def test_shards_that_never_come_stop_the_job_after_store_retry_s_in_one_line(mem
         f"shard files not there yet (__1_0.distcp)); the last checkpoint saved there: {memory_url}/step_00000002.pt, "
         "intact; fix the store (address, credentials, space), then launch again to resume from it"
     )
+
+
+
+def test_a_folder_of_shards_comes_down_file_by_file_trainer_pt_last_keeping_what_is_there(
+    memory_url: str, tmp_path: Path
+) -> None:
+    local = shards(tmp_path / ".tmp_step_00000004", ranks=2)
+    (local / "trainer.pt").write_bytes(b"trainer")
+    store = CheckpointStore(memory_url, retry_s=1.0)
+    store.upload(local, "step_00000004")
+    assert store.last_uploaded == "step_00000004" and store.names() == ["step_00000004"]
+    store.fs.pipe(f"{store.root}/step_00000004/z_extra", b"extra")  # a name after trainer.pt's, listed after it
+    fetched: list[str] = []
+    get_file = store.fs.get_file
+    store.fs.get_file = lambda remote, target: fetched.append(remote.rsplit("/", 1)[-1]) or get_file(remote, target)
+    try:
+        assert store.download("step_00000004", tmp_path / "a" / "b").is_dir(), "the folder made, parents too"
+        checkpoints = tmp_path / "node" / "checkpoints"
+        (checkpoints / "step_00000004").mkdir(parents=True)
+        (checkpoints / "step_00000004" / "__0_0.distcp").write_bytes(b"already here")  # a download cut short
+        path = store.download("step_00000004", checkpoints)
+    finally:
+        del store.fs.get_file
+    everything = [".metadata", "__0_0.distcp", "__1_0.distcp", "trainer.pt", "z_extra"]
+    assert sorted(fetched[:5]) == everything and sorted(fetched[5:]) == everything[:1] + everything[2:], fetched
+    assert fetched[4] == fetched[-1] == "trainer.pt", "trainer.pt last: then the folder is whole"
+    assert path == checkpoints / "step_00000004"
+    expected = {"__0_0.distcp": b"already here", "__1_0.distcp": b"\x01" * 8, ".metadata": b"metadata",
+                "trainer.pt": b"trainer", "z_extra": b"extra"}  # fmt: skip
+    assert {item.name: item.read_bytes() for item in path.iterdir()} == expected, "what was there is kept"
+    assert {item.name: item.read_bytes() for item in (tmp_path / "a" / "b" / "step_00000004").iterdir()} == {
+        **expected, "__0_0.distcp": bytes(8)}
+
+
+def failing(store: CheckpointStore, method: str, unrefreshed_only: bool = False) -> None:
+    """The store's `method` fails, as a store that stops answering does (only its calls without
+    refresh=True when `unrefreshed_only`)."""
+    real = getattr(store.fs, method)
+
+    def call(*args, **kwargs):
+        if not unrefreshed_only or "refresh" not in kwargs:
+            raise OSError("the store went away")
+        return real(*args, **kwargs)
+
+    setattr(store.fs, method, call)
+
+
+@pytest.mark.parametrize(
+    ("method", "unrefreshed_only", "action", "what"),
+    [
+        ("ls", False, lambda store, down: store.names(), "listing the checkpoints"),
+        ("ls", False, lambda store, down: store.download("step_00000005", down), "listing step_00000005"),
+        ("get_file", False, lambda store, down: store.download("step_00000003.pt", down), "reading step_00000003.pt"),
+        ("rm", False, lambda store, down: store.prune(1), "removing step_00000003.pt"),
+        # a prune's second listing, for uploads a kill cut short (names() lists with refresh=True)
+        ("ls", True, lambda store, down: store.prune(2), "listing the checkpoints"),
+    ],
+)
+def test_each_operation_on_a_store_that_stops_answering_is_named_in_its_one_line(
+    memory_url: str, tmp_path: Path, method: str, unrefreshed_only: bool, action, what: str
+) -> None:
+    store = CheckpointStore(f"{memory_url}/", retry_s=0.0)  # a trailing / as a user may write it
+    for step in (3, 4):
+        (tmp_path / f"step_{step:08d}.pt").write_bytes(b"whole")
+        store.upload(tmp_path / f"step_{step:08d}.pt", f"step_{step:08d}.pt")
+    store.fs.pipe(f"{store.root}/step_00000005/__0_0.distcp", b"cut")  # an upload under way: not whole
+    assert store.names() == ["step_00000004.pt", "step_00000003.pt"]
+    store.prune(2)  # the cut folder above the kept ones stays, found by a listing without details
+    assert store.fs.exists(f"{store.root}/step_00000005") and len(store.names()) == 2
+    failing(store, method, unrefreshed_only)
+    try:
+        with pytest.raises(JobError) as stopped:
+            action(store, tmp_path / "down")
+    finally:
+        delattr(store.fs, method)
+    assert str(stopped.value) == (
+        f"checkpoint.dir={memory_url}: {what} failed for 0 s (OSError: the store went away); the last checkpoint "
+        f"saved there: {memory_url}/step_00000004.pt, intact; fix the store (address, credentials, space), then "
+        "launch again to resume from it"
+    )
+
+
+def test_a_store_that_never_answered_names_no_checkpoint_as_the_last(memory_url: str) -> None:
+    store = CheckpointStore(memory_url, retry_s=0.0)
+    failing(store, "exists")
+    try:
+        with pytest.raises(JobError, match=r"the last checkpoint saved there: none, intact; fix the store"):
+            store.names()
+    finally:
+        del store.fs.exists
