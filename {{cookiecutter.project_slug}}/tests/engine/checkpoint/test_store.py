@@ -150,7 +150,6 @@ def test_shards_that_never_come_stop_the_job_after_store_retry_s_in_one_line(mem
     )
 
 
-
 def test_a_folder_of_shards_comes_down_file_by_file_trainer_pt_last_keeping_what_is_there(
     memory_url: str, tmp_path: Path
 ) -> None:
@@ -178,8 +177,8 @@ def test_a_folder_of_shards_comes_down_file_by_file_trainer_pt_last_keeping_what
     expected = {"__0_0.distcp": b"already here", "__1_0.distcp": b"\x01" * 8, ".metadata": b"metadata",
                 "trainer.pt": b"trainer", "z_extra": b"extra"}  # fmt: skip
     assert {item.name: item.read_bytes() for item in path.iterdir()} == expected, "what was there is kept"
-    assert {item.name: item.read_bytes() for item in (tmp_path / "a" / "b" / "step_00000004").iterdir()} == {
-        **expected, "__0_0.distcp": bytes(8)}
+    elsewhere = tmp_path / "a" / "b" / "step_00000004"
+    assert {item.name: item.read_bytes() for item in elsewhere.iterdir()} == {**expected, "__0_0.distcp": bytes(8)}
 
 
 def failing(store: CheckpointStore, method: str, unrefreshed_only: bool = False) -> None:
