@@ -8,7 +8,9 @@ import copy
 import pickle
 import re
 import subprocess
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,10 +24,13 @@ from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
     MetadataUnpickler,
     SafeReader,
     load_full_state,
+    load_into,
+    load_owner_tensors,
     read_whole,
     shard_files,
 )
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
+from {{cookiecutter.package_name}}.errors import JobError
 from {{cookiecutter.package_name}}.models import SmallCNN
 from {{cookiecutter.package_name}}.placement import DistEnv
 
@@ -64,6 +69,28 @@ def test_the_shards_metadata_is_read_without_running_code(tmp_path: Path) -> Non
     assert not (tmp_path / "pwned").exists()
     with open(folder / ".metadata", "rb") as file, pytest.raises(pickle.UnpicklingError):
         MetadataUnpickler(file).load()
+
+
+def test_a_value_beside_the_tensors_loads_as_a_plain_value_only(tmp_path: Path) -> None:
+    """DCP pickles the values that are not tensors (the optimizer's settings) with torch.save: they load
+    with weights_only=True, into live state (a resume) and whole (eval.py, the export): nothing runs."""
+    import torch.distributed.checkpoint as dcp
+
+    class Evil:
+        def __reduce__(self):
+            return (subprocess.call, (["touch", str(tmp_path / "pwned")],))
+
+    for name, value in (("plain", "cosine"), ("evil", Evil())):
+        dcp.save({"w": torch.ones(2), "settings": value}, checkpoint_id=tmp_path / name, no_dist=True)
+    state = {"w": torch.zeros(2), "settings": None}
+    load_into(tmp_path / "plain", state)
+    assert state["settings"] == "cosine" and torch.equal(state["w"], torch.ones(2))
+    for load in (lambda: load_into(tmp_path / "evil", {"w": torch.zeros(2), "settings": None}),
+                 lambda: read_whole(tmp_path / "evil")):  # fmt: skip
+        with pytest.raises(BaseException) as refused:  # DCP's CheckpointException (a BaseException) wraps it
+            load()
+        assert "Weights only load failed" in str(refused.value), str(refused.value)[-600:]
+    assert not (tmp_path / "pwned").exists()
 
 
 # --- two fsdp ranks in-process (tests/helpers.py's on_ranks): their checkpoints, read here
@@ -119,6 +146,14 @@ def test_two_ranks_shards_read_back_whole_are_the_live_weights_and_load_into_a_p
     assert weights.has_ema(averaged, weights.load_weights(averaged, model))
     assert_same(model.state_dict(), {**live["ema"], **live["ema_average"]}, "the EMA's parameters, the buffers")
     assert not torch.equal(live["ema"]["7.weight"], live["ema_average"]["7.weight"]), "the average is not the weights"
+
+    # A resume's owners beyond the model and the optimizer (the EMA) get their tensors where the folder has them.
+    fresh = {name: torch.zeros_like(tensor) for name, tensor in live["ema_average"].items()}
+    owner = SimpleNamespace(state_dict=lambda: {"ema": fresh})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a load in one process, as meant: nothing to warn about
+        assert load_owner_tensors(plain, [owner]) == {}, "a run without the EMA: nothing read, nothing refused"
+        assert_same(load_owner_tensors(averaged, [owner])["ema"], live["ema_average"], "the EMA's, into its tensors")
 
 
 # SmallCNN's parameters as the project's optimizer numbers them (components.build_optimizer): the
@@ -176,3 +211,43 @@ def test_a_ddp_checkpoint_loads_into_a_sharded_model_and_optimizer_each_paramete
     assert settings(loaded["groups"]) == saved, "the param_groups' settings, as saved"
     assert [(group["lr"], group["weight_decay"]) for group in saved] == [(0.05, 5e-4), (0.05, 0.0)]
     assert [group["lr"] for group in loaded["before"]] == [0.1, 0.1], "the fsdp run's own lr, replaced"
+
+
+def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
+    """An fsdp trainer's checkpoint of step 1 to an object store (fsspec's memory://, this process's),
+    saved twice; then step 2's, which the disk refuses (full)."""
+    import errno
+
+    from {{cookiecutter.package_name}}.engine.checkpoint import sharded
+
+    trained = one_step(env, tmp_path / "run", "strategy=fsdp", f"checkpoint.dir=memory://{tmp_path.name}/run",
+                       "checkpoint.store_retry_s=2")  # fmt: skip
+    writer, state = trained.checkpoints.writer, trained.checkpoints.state_dict()
+    saved = [writer.save(1, state), writer.save(1, state)]
+    writer.wait()
+    store = writer.store
+    uploaded = sorted(path.rsplit("/", 1)[-1] for path in store.fs.ls(f"{store.root}/step_00000001", detail=False))
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    sharded.write_atomically = full  # trainer.pt, the last file of a folder, cannot be written
+    writer.save(2, state)
+    try:
+        writer.wait()
+    except JobError as error:
+        refused = str(error)
+    return {"saved": saved, "last": writer.last_saved_step, "names": store.names(), "uploaded": uploaded,
+            "refused": refused}  # fmt: skip
+
+
+def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_path: Path) -> None:
+    result = on_ranks(1, save_to_a_store, tmp_path)[0]
+    assert result["saved"] == [True, False] and result["last"] == 2, "a step is saved once"
+    assert result["uploaded"] == [".metadata", "__0_0.distcp", "trainer.pt"], "this rank's shards, then trainer.pt"
+    assert result["names"] == ["step_00000001"], "whole in the store; step 2, never written, is not there"
+    assert result["refused"] == (
+        f"writing checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_00000002'} failed (OSError: [Errno 28] No "
+        "space left on device); the previous checkpoints are intact: free some space or fix the run dir's "
+        "permissions, then launch again"
+    )
