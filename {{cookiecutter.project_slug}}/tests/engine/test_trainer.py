@@ -36,6 +36,8 @@ def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:
     orders = {epoch: [i for r in records if r["epoch"] == epoch for i in r["indices"]] for epoch in (0, 1)}
     assert sorted(orders[0]) == sorted(orders[1]) == list(range(64)), "every sample once per epoch"
     assert orders[0] != orders[1]
+    held = run.checkpoints.state_dict()  # what a checkpoint at the epoch's end holds: the next from its start
+    assert (held["epoch"], held["samples_in_epoch"], held["step"]) == (2, 0, 16)
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", None)])
@@ -126,6 +128,7 @@ def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weig
     between = [line for line in said if re.fullmatch(r"step \d+: val_loss=\S+ val_acc=\S+ val_samples=16 "
                                                      r"\(validated in \d+\.\d s\)", line)]  # fmt: skip
     assert [line.split(":")[0] for line in between] == ["step 2", "step 4"], "not step 3's: the epoch's end says it"
+    assert all(float(re.findall(r"validated in (\S+) s", line)[0]) < 600 for line in between), "its own time"
     (epoch,) = [re.fullmatch(r"epoch 1/5 done in (\d+\.\d) s \((\d+) samples/s\): val_loss=\S+ val_acc=\S+ "
                              r"val_samples=16", line) for line in said if " done in " in line]  # fmt: skip
     seconds, rate, size = float(epoch[1]), int(epoch[2]), run.data.sampler.dataset_size  # printed to 0.1 s
