@@ -5,6 +5,7 @@ sharded model and its optimizer; the metadata is read without running code."""
 from __future__ import annotations
 
 import copy
+import io
 import pickle
 import re
 import subprocess
@@ -69,6 +70,17 @@ def test_the_shards_metadata_is_read_without_running_code(tmp_path: Path) -> Non
     assert not (tmp_path / "pwned").exists()
     with open(folder / ".metadata", "rb") as file, pytest.raises(pickle.UnpicklingError):
         MetadataUnpickler(file).load()
+    # Protocol 4 names a global by a path: through DCP's own module to the os it imports; or a function that
+    # module imports, or one of torch beside its dtypes. Each refused, nothing run.
+    for module, name, argument in [("torch.distributed.checkpoint.filesystem", "os.system", f"touch {tmp_path}/pwned"),
+                                   ("torch.distributed.checkpoint.metadata", "dataclass", "x"),
+                                   ("torch", "set_default_dtype", "x")]:  # fmt: skip
+        code = b"".join(pickle.SHORT_BINUNICODE + bytes([len(text)]) + text.encode() for text in (module, name))
+        call = pickle.PROTO + b"\x04" + code + pickle.STACK_GLOBAL + pickle.SHORT_BINUNICODE + bytes([len(argument)])
+        payload = call + argument.encode() + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP
+        with pytest.raises(pickle.UnpicklingError, match=f"^{module}.{name} is not part of a checkpoint's metadata$"):
+            MetadataUnpickler(io.BytesIO(payload)).load()
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_a_value_beside_the_tensors_loads_as_a_plain_value_only(tmp_path: Path) -> None:
