@@ -208,3 +208,18 @@ def test_a_write_the_disk_failed_stops_the_job_and_one_a_lost_peer_failed_lets_t
         with pytest.raises(kind) as raised:
             checkpoints.raise_if_failed()
         assert type(raised.value) is kind and "writing checkpoint" in str(raised.value)
+
+
+def test_a_resume_skips_a_newest_checkpoint_it_cannot_read_and_says_so(tmp_path: Path, caplog) -> None:
+    folder = tmp_path / "checkpoints"
+    checkpoints = checkpointer(folder, 5)
+    for step in (1, 2):
+        save(checkpoints, step)
+    newest = folder / "step_00000003.pt"
+    newest.write_bytes((folder / "step_00000002.pt").read_bytes()[:100])  # cut short (a copy, not our write)
+    caplog.set_level("WARNING")
+    path, payload = checkpointer(folder, 5).find_resume_payload()
+    assert (path, payload["step"]) == (folder / "step_00000002.pt", 2)
+    (said,) = [record.getMessage() for record in caplog.records if record.name.endswith(".writer")]
+    assert said.startswith(f"skipping unreadable checkpoint {newest} (") and said.endswith("); trying an older one")
+    assert len(said) > len(f"skipping unreadable checkpoint {newest} (); trying an older one"), "why it is unreadable"
