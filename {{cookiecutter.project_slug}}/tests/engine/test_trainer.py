@@ -129,6 +129,9 @@ def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weig
                                                      r"\(validated in \d+\.\d s\)", line)]  # fmt: skip
     assert [line.split(":")[0] for line in between] == ["step 2", "step 4"], "not step 3's: the epoch's end says it"
     assert all(float(re.findall(r"validated in (\S+) s", line)[0]) < 600 for line in between), "its own time"
+    rates = [int(rate) for line in said for rate in re.findall(r"^epoch \d+ step \d+: train_loss=\S+ lr=\S+ (\d+) "
+                                                              r"samples/s$", line)]  # fmt: skip
+    assert rates and min(rates) >= 1, f"each interval's own rate: {said}"
     (epoch,) = [re.fullmatch(r"epoch 1/5 done in (\d+\.\d) s \((\d+) samples/s\): val_loss=\S+ val_acc=\S+ "
                              r"val_samples=16", line) for line in said if " done in " in line]  # fmt: skip
     seconds, rate, size = float(epoch[1]), int(epoch[2]), run.data.sampler.dataset_size  # printed to 0.1 s
@@ -147,11 +150,14 @@ def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weig
                     fingerprint]  # fmt: skip
 
 
-def test_a_run_that_reached_trainer_max_steps_has_finished_and_a_relaunch_trains_nothing(tmp_path: Path) -> None:
-    run = trainer(tmp_path, "trainer.epochs=5", "trainer.max_steps=2")
+def test_a_run_that_reached_trainer_max_steps_has_finished_and_a_relaunch_trains_nothing(tmp_path, caplog) -> None:
+    caplog.set_level("INFO")
+    run = trainer(tmp_path, "trainer.epochs=5", "trainer.max_steps=4")  # 3 steps an epoch: one epoch and a step
     run.fit()
-    again = trainer(tmp_path, "trainer.epochs=5", "trainer.max_steps=2")
-    assert run.state.step == again.state.step == 2 and again.finished() and not run.monitor.stopped
+    again = trainer(tmp_path, "trainer.epochs=5", "trainer.max_steps=4")
+    assert run.state.step == again.state.step == 4 and again.finished() and not run.monitor.stopped
+    said = [record.getMessage() for record in caplog.records if record.name.endswith(".trainer")]
+    assert [line.split(" done in ")[0] for line in said if " done in " in line] == ["epoch 1"], "no epoch count: steps"
 
 
 def test_a_stop_signal_checkpoints_the_step_and_says_which_signal(tmp_path: Path) -> None:
