@@ -150,15 +150,25 @@ def test_shards_that_never_come_stop_the_job_after_store_retry_s_in_one_line(mem
     )
 
 
-def test_a_folder_of_shards_comes_down_file_by_file_trainer_pt_last_keeping_what_is_there(
-    memory_url: str, tmp_path: Path
+def test_a_folder_of_shards_goes_up_and_comes_down_file_by_file_trainer_pt_last_keeping_what_is_there(
+    memory_url: str, tmp_path: Path, caplog
 ) -> None:
     local = shards(tmp_path / ".tmp_step_00000004", ranks=2)
     (local / "trainer.pt").write_bytes(b"trainer")
+    (local / "z_extra").write_bytes(b"extra")  # a name after trainer.pt's: trainer.pt still goes up last
     store = CheckpointStore(memory_url, retry_s=1.0)
-    store.upload(local, "step_00000004")
+    put: list[str] = []
+    put_file = store.fs.put_file
+    store.fs.put_file = lambda source, target: put.append(target.rsplit("/", 1)[-1]) or put_file(source, target)
+    try:
+        with caplog.at_level(logging.INFO):
+            store.upload(local, "step_00000004")
+    finally:
+        del store.fs.put_file
+    assert put[-1] == "trainer.pt" and sorted(put) == [".metadata", "__0_0.distcp", "__1_0.distcp", "trainer.pt",
+                                                       "z_extra"], put  # fmt: skip
+    assert caplog.messages == [f"checkpoint step_00000004 is in {memory_url}"]
     assert store.last_uploaded == "step_00000004" and store.names() == ["step_00000004"]
-    store.fs.pipe(f"{store.root}/step_00000004/z_extra", b"extra")  # a name after trainer.pt's, listed after it
     fetched: list[str] = []
     get_file = store.fs.get_file
     store.fs.get_file = lambda remote, target: fetched.append(remote.rsplit("/", 1)[-1]) or get_file(remote, target)
@@ -201,6 +211,12 @@ def failing(store: CheckpointStore, method: str, unrefreshed_only: bool = False)
         ("ls", False, lambda store, down: store.download("step_00000005", down), "listing step_00000005"),
         ("get_file", False, lambda store, down: store.download("step_00000003.pt", down), "reading step_00000003.pt"),
         ("rm", False, lambda store, down: store.prune(1), "removing step_00000003.pt"),
+        (
+            "put_file",
+            False,
+            lambda store, down: store.upload(shards(down, 1), "step_00000006", [".metadata"]),
+            "saving step_00000006/.metadata",
+        ),
         # a prune's second listing, for uploads a kill cut short (names() lists with refresh=True)
         ("ls", True, lambda store, down: store.prune(2), "listing the checkpoints"),
     ],
@@ -237,3 +253,18 @@ def test_a_store_that_never_answered_names_no_checkpoint_as_the_last(memory_url:
             store.names()
     finally:
         del store.fs.exists
+
+
+def test_a_failing_store_is_retried_after_waits_that_double(memory_url: str, monkeypatch) -> None:
+    store, waits, answers = CheckpointStore(memory_url, retry_s=60.0), [], iter([OSError("busy")] * 3 + ["listed"])
+
+    def action() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(f"{CheckpointStore.__module__}.time", SimpleNamespace(monotonic=time.monotonic,
+                                                                              sleep=waits.append))  # fmt: skip
+    assert store.retrying("listing the checkpoints", action) == "listed"
+    assert waits == [0.5, 1.0, 2.0]
