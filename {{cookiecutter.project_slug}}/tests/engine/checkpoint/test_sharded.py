@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
+import logging.handlers
 import pickle
 import re
 import subprocess
@@ -235,6 +237,11 @@ def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
     trained = one_step(env, tmp_path / "run", "strategy=fsdp", f"checkpoint.dir=memory://{tmp_path.name}/run",
                        "checkpoint.store_retry_s=2")  # fmt: skip
     writer, state = trained.checkpoints.writer, trained.checkpoints.state_dict()
+    written: list[int] = []
+    writer.on_written.append(written.append)  # what the trackers' sinks are told (engine/build.py)
+    said = logging.getLogger(type(writer).__mro__[1].__module__)  # the writer's log, which the commit uses
+    said.setLevel(logging.INFO)
+    said.addHandler(lines := logging.handlers.BufferingHandler(100))
     saved = [writer.save(1, state), writer.save(1, state)]
     writer.wait()
     store = writer.store
@@ -250,7 +257,7 @@ def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
     except JobError as error:
         refused = str(error)
     return {"saved": saved, "last": writer.last_saved_step, "names": store.names(), "uploaded": uploaded,
-            "refused": refused}  # fmt: skip
+            "refused": refused, "written": written, "said": [line.getMessage() for line in lines.buffer]}  # fmt: skip
 
 
 def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_path: Path) -> None:
@@ -258,8 +265,11 @@ def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_pat
     assert result["saved"] == [True, False] and result["last"] == 2, "a step is saved once"
     assert result["uploaded"] == [".metadata", "__0_0.distcp", "trainer.pt"], "this rank's shards, then trainer.pt"
     assert result["names"] == ["step_00000001"], "whole in the store; step 2, never written, is not there"
+    assert result["written"] == [1] and len(result["said"]) == 1, result["said"]
+    folder = tmp_path / "run" / "checkpoints"
+    assert result["said"][0].startswith(f"saved checkpoint {folder / 'step_00000001'} (written in ")
     assert result["refused"] == (
-        f"writing checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_00000002'} failed (OSError: [Errno 28] No "
+        f"writing checkpoint {folder / 'step_00000002'} failed (OSError: [Errno 28] No "
         "space left on device); the previous checkpoints are intact: free some space or fix the run dir's "
         "permissions, then launch again"
     )
