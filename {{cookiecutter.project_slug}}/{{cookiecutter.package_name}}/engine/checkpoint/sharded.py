@@ -49,16 +49,15 @@ class MetadataUnpickler(pickle.Unpickler):
     MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 
     def find_class(self, module: str, name: str) -> Any:
-        if "." not in name:  # a dotted name is a path through a module's imports (protocol 4): os.system, say
-            if module in self.MODULES and not name.startswith("__"):
-                found = super().find_class(module, name)
-                if isinstance(found, type) and found.__module__ == module:  # DCP's own record classes only
-                    return found
-            if (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                                  ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")}:  # fmt: skip
-                return super().find_class(module, name)
-            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format):
-                return getattr(torch, name)
+        if module in self.MODULES and not name.startswith("__"):
+            found = super().find_class(module, name)  # a dotted name reaches what the module imports: os.system
+            if isinstance(found, type) and found.__module__ == module:  # so DCP's own record classes only
+                return found
+        if (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                              ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")}:  # fmt: skip
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format):
+            return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
 
 
