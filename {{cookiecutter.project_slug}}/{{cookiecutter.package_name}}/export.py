@@ -12,15 +12,17 @@ import argparse
 from pathlib import Path
 
 from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, write_atomically
+from .engine.checkpoint.trust import check_trusted
 from .engine.checkpoint.weights import has_ema, load_weights
 from .engine.components import build_model
 from .engine.distributed import weights_fingerprint
 from .errors import ConfigError, fail
 
 
-def export(checkpoint: Path, out: Path) -> str:
+def export(checkpoint: Path, out: Path, trust: bool = False) -> str:
     """Write the checkpoint's model weights to `out` (the EMA's, where the run kept one); their
-    fingerprint. `checkpoint` may be `<run dir>/checkpoints/best` (checkpoint.keep_best's best)."""
+    fingerprint. `checkpoint` may be `<run dir>/checkpoints/best` (checkpoint.keep_best's best).
+    A checkpoint whose config names code outside the project is refused unless `trust` (trust.py)."""
     if checkpoint.name == "best":
         checkpoint = best_checkpoint(checkpoint)
     if out.exists():
@@ -29,6 +31,7 @@ def export(checkpoint: Path, out: Path) -> str:
         payload = load_checkpoint(checkpoint)
     except (NotACheckpoint, FileNotFoundError) as error:
         raise ConfigError(f"{error}; give a run's checkpoints/step_<N>.pt or step_<N>/") from None
+    check_trusted(payload.get("config", {}), trust, "--trust-checkpoint")
     model = build_model(payload["config"]["model"])
     load_weights(checkpoint, model, payload)  # whatever strategy wrote it
     weights = model.state_dict()
@@ -43,9 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     where = "a run's checkpoints/step_<N>.pt (ddp), step_<N>/ (sharded), or checkpoints/best (keep_best)"
     parser.add_argument("checkpoint", type=Path, help=where)
     parser.add_argument("out", type=Path, help="the file to write (must not exist)")
+    trust = "build a model whose config names code outside this project (only for a checkpoint you trust)"
+    parser.add_argument("--trust-checkpoint", action="store_true", help=trust)
     args = parser.parse_args(argv)
     try:
-        line = export(args.checkpoint, args.out)
+        line = export(args.checkpoint, args.out, args.trust_checkpoint)
     except ConfigError as error:
         fail(str(error))
     print(f"wrote {args.out}: {line}")

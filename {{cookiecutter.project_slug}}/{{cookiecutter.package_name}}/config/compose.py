@@ -106,7 +106,7 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> 
     saved = {**saved, "optim": {key: value for key, value in saved.get("optim", {}).items()
                                 if key not in ("scheduler", "warmup_epochs")}}  # fmt: skip
     for section, value in saved.items():
-        if section in given or section not in composed:
+        if section in given or section not in composed or section == "trust_checkpoint":  # the user's own say
             continue
         if section in CONFIG_GROUPS:
             merged[section] = value

@@ -260,6 +260,7 @@ class TrainConfig:
     strategy: str = MISSING
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     hsdp: HSDPConfig = field(default_factory=HSDPConfig)
+    trust_checkpoint: bool = False  # engine/checkpoint/trust.py
 
     def check(self) -> None:
         require_choice("strategy", self.strategy, tuple(STRATEGY_SECTIONS))

@@ -41,7 +41,7 @@ def prepare_model(config: TrainConfig, env: DistEnv, strategy: Strategy, has_che
     its blocks recomputed in the backward if asked, in its memory layout, as the strategy holds it."""
     model = build_model(config.model)
     if config.model.get("init_from"):
-        initialise_from(model, config.model["init_from"], env, has_checkpoint)
+        initialise_from(model, config.model["init_from"], env, has_checkpoint, config.trust_checkpoint)
     if config.trainer.activation_checkpointing:
         checkpoint_activations(model, config.fsdp.blocks)
     layout = torch.channels_last if config.trainer.channels_last else torch.preserve_format

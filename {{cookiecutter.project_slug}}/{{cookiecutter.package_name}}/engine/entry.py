@@ -27,6 +27,7 @@ from ..processes import die_with_parent
 from ..run_dir import CONTROL_DIR_ENV, FAILED_MARKER, REFUSED, register_resolvers, write_hydra_record, write_marker
 from .build import build_trainer
 from .checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
+from .checkpoint.trust import check_trusted
 from .checkpoint.weights import has_ema, load_weights
 from .checks import check_components, check_launch
 from .compatibility import check_same_config_everywhere
@@ -141,8 +142,12 @@ def run_eval(cfg: DictConfig) -> None:
             payload = load_checkpoint(path)
         except NotACheckpoint as error:
             raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
+        saved = payload.get("config", {})
         overrides = list(HydraConfig.get().overrides.task)
-        config = to_train_config(compose_for_checkpoint(payload.get("config", {}), overrides))
+        given = {item.split("=", 1)[0].lstrip("+~") for item in overrides}  # a group given whole is not saved's
+        used = {section: value for section, value in saved.items() if section not in given}
+        check_trusted(used, bool(cfg.get("trust_checkpoint")), "trust_checkpoint=true")  # the user's, not saved's
+        config = to_train_config(compose_for_checkpoint(saved, overrides))
         check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
         process_env(config.dist)
         with distributed(config.dist) as env:

@@ -20,19 +20,23 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..placement import DistEnv
+from .checkpoint.files import TRAINER_FILE, load_checkpoint
+from .checkpoint.trust import check_trusted as check_config
 from .distributed import broadcast_bytes, is_distributed
 
 log = logging.getLogger(__name__)
 SHOWN = 4  # names per kind in the one line
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The model weights a file or a folder of shards holds, as whole CPU tensors."""
+def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
+    """The model weights a file or a folder of shards holds, as whole CPU tensors. A run's checkpoint
+    whose config names code outside the project is refused unless `trust` (checkpoint/trust.py)."""
     if not path.exists():
         raise ConfigError(f"model.init_from={path}: no such file or folder; give a weights file or a run's checkpoint")
     if path.is_dir():
         from .checkpoint.sharded import read_whole  # torch.distributed.checkpoint: slow to import
 
+        check_folder_trusted(path / TRAINER_FILE, trust)
         try:
             return read_whole(path)["model"]
         except Exception as error:
@@ -42,12 +46,21 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise ConfigError(f"model.init_from={path} does not load as tensors and plain values ({first})") from None
+    if isinstance(payload, dict) and isinstance(payload.get("config"), dict):  # a run's checkpoint
+        check_config(payload["config"], trust, "trust_checkpoint=true")
     for key in ("model", "state_dict"):  # a run's checkpoint; a Lightning-style file
         if isinstance(payload, dict) and isinstance(payload.get(key), dict):
             payload = payload[key]
     if not isinstance(payload, dict) or not any(isinstance(v, torch.Tensor) for v in payload.values()):
         raise ConfigError(f"model.init_from={path} holds no state_dict (names to tensors): give a weights file")
     return {unwrapped(name): value for name, value in payload.items() if isinstance(value, torch.Tensor)}
+
+
+def check_folder_trusted(trainer_file: Path, trust: bool) -> None:
+    """A folder of shards' config (in its trainer.pt) by the rule every checkpoint from elsewhere meets."""
+    if trainer_file.is_file():
+        config = load_checkpoint(trainer_file).get("config")
+        check_config(config if isinstance(config, dict) else {}, trust, "trust_checkpoint=true")
 
 
 def unwrapped(name: str) -> str:
@@ -80,7 +93,7 @@ def fit_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> str:
     return "; ".join(parts)
 
 
-def initialise_from(model: nn.Module, source: str, env: DistEnv, has_checkpoint: bool) -> None:
+def initialise_from(model: nn.Module, source: str, env: DistEnv, has_checkpoint: bool, trust: bool = False) -> None:
     """model.init_from into the plain model on every rank, unless rank 0 sees the run's own checkpoint
     (then the resume loads everything; a rank without one receives the checkpoint itself). A file that
     does not load is every rank's ConfigError, not rank 0's alone (the others would wait for it)."""
@@ -88,7 +101,7 @@ def initialise_from(model: nn.Module, source: str, env: DistEnv, has_checkpoint:
     if env.is_main and not has_checkpoint:
         try:
             buffer = io.BytesIO()
-            torch.save(read_weights(Path(source)), buffer)
+            torch.save(read_weights(Path(source), trust), buffer)
             data = b"W" + buffer.getvalue()
         except ConfigError as error:
             data = b"E" + str(error).encode()
