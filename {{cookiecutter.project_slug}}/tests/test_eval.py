@@ -113,3 +113,18 @@ def test_ckpt_path_best_evaluates_the_best_checkpoint_and_its_ema(in_process, tm
         assert figures["val_loss"] == pytest.approx(best["val_loss"], abs=1e-6)
         assert f"step_{best['step']:08d}.pt (step {best['step']})" in said.out + said.err
         assert "evaluating the EMA of the weights (trainer.ema)" in said.out + said.err
+
+
+def test_a_store_url_is_refused_in_one_line_by_eval_and_the_export(in_process, monkeypatch, capsys, tmp_path) -> None:
+    from {{cookiecutter.package_name}}.export import main as export_main
+
+    url = "s3://bucket/run/checkpoints/step_00000003.pt"
+    with pytest.raises(SystemExit) as stopped:
+        evaluate(monkeypatch, capsys, f"ckpt_path={url}")
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.startswith(f"error: ckpt_path={url}: a checkpoint is read from this"), err
+    with pytest.raises(SystemExit) as stopped:
+        export_main([url, str(tmp_path / "out.pt")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.startswith(f"error: CHECKPOINT={url}: a checkpoint is read from this"), err
+    assert err.count("\n") == 1 and "copy it down first" in err

@@ -17,6 +17,7 @@ from .engine.checkpoint.weights import has_ema, load_weights
 from .engine.components import build_model
 from .engine.distributed import weights_fingerprint
 from .errors import ConfigError, fail
+from .storage import local_path
 
 
 def export(checkpoint: Path, out: Path, trust: bool = False) -> str:
@@ -44,13 +45,13 @@ def export(checkpoint: Path, out: Path, trust: bool = False) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = "a run's checkpoints/step_<N>.pt (ddp), step_<N>/ (sharded), or checkpoints/best (keep_best)"
-    parser.add_argument("checkpoint", type=Path, help=where)
+    parser.add_argument("checkpoint", help=where)
     parser.add_argument("out", type=Path, help="the file to write (must not exist)")
     trust = "build a model whose config names code outside this project (only for a checkpoint you trust)"
     parser.add_argument("--trust-checkpoint", action="store_true", help=trust)
     args = parser.parse_args(argv)
     try:
-        line = export(args.checkpoint, args.out, args.trust_checkpoint)
+        line = export(Path(local_path(args.checkpoint, "CHECKPOINT")), args.out, args.trust_checkpoint)
     except ConfigError as error:
         fail(str(error))
     print(f"wrote {args.out}: {line}")

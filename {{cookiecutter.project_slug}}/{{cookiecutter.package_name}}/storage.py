@@ -19,6 +19,18 @@ def is_remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
 
 
+def local_path(given: str, key: str) -> str:
+    """A checkpoint or weights file this command reads from the local disk: an object store's URL is refused
+    in one line (as a path it would be mangled, `s3:/bucket/...`, and said not to exist)."""
+    if is_remote(given):
+        raise ConfigError(
+            f"{key}={redact_text(given)}: a checkpoint is read from this machine's disk, not from a store: copy it "
+            "down first (for s3, `aws s3 cp --recursive <url> <folder>`; a run with checkpoint.dir=<prefix> resumes "
+            "from the store by itself) and give the local path"
+        )
+    return given
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec file system of `url` and the path inside it; one line where its package is missing."""
     import fsspec

@@ -87,3 +87,52 @@ def test_a_world_of_one_loads_without_a_process_group(tmp_path: Path, caplog) ->
     torch.save(net(10).state_dict(), tmp_path / "w.pt")
     initialise_from(net(3), str(tmp_path / "w.pt"), CPU, has_checkpoint=False)
     assert "initialised from" in caplog.text and "2.weight [10, 8]->[3, 8]" in caplog.text
+
+
+def test_a_run_that_kept_an_ema_gives_its_average_and_says_so(tmp_path: Path, caplog) -> None:
+    """As its validation, eval.py and the export do: the averaged parameters, the model's own buffers."""
+    weights, average = net(3).state_dict(), {name: p.detach() + 1 for name, p in net(3).named_parameters()}
+    torch.save({"model": weights, "ema": average, "step": 3}, tmp_path / "step_00000003.pt")
+    with caplog.at_level("INFO"):
+        read = read_weights(tmp_path / "step_00000003.pt")
+    assert all(torch.equal(read[name], average[name]) for name in average)
+    assert torch.equal(read["1.running_var"], weights["1.running_var"]) and read.keys() == weights.keys()
+    assert "kept an EMA of its weights (trainer.ema): the average is taken" in caplog.text
+
+
+def test_weights_of_which_only_buffers_fit_are_refused_in_one_line() -> None:
+    """BatchNorm's counters fit any model: '1 of 9 tensors loaded' would hide that nothing learnt did."""
+    other = nn.Sequential(nn.Linear(5, 16), nn.BatchNorm1d(16), nn.Linear(16, 2)).state_dict()
+    with pytest.raises(ConfigError) as error:
+        fit_weights(net(3), other)
+    said = "model.init_from: of its 9 tensors only buffers fit this model (1.num_batches_tracked), no weight: give "
+    assert str(error.value) == said + "weights of this model"
+
+
+def test_a_store_url_is_refused_in_one_line_not_read_as_a_mangled_path() -> None:
+    with pytest.raises(ConfigError) as error:
+        initialise_from(net(3), "s3://bucket/run/step_00000004.pt", CPU, has_checkpoint=False)
+    assert str(error.value).startswith("model.init_from=s3://bucket/run/step_00000004.pt: a checkpoint is read from ")
+
+
+def fsdp_run_with_an_ema(env: DistEnv, run_dir: Path) -> None:
+    from {{cookiecutter.package_name}}.config import to_train_config
+    from {{cookiecutter.package_name}}.engine.build import build_trainer
+
+    from ..helpers import compose_config
+
+    job = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=16", "data.val_size=8",
+           "data.batch_size=8", "data.image_size=8", "trainer.max_steps=2", "strategy=fsdp",
+           "trainer.ema.decay=0.5"]  # fmt: skip
+    build_trainer(to_train_config(compose_config(job)), env, run_dir).fit()
+
+
+def test_a_folder_of_shards_that_kept_an_ema_gives_its_average(tmp_path: Path) -> None:
+    from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
+
+    on_ranks(1, fsdp_run_with_an_ema, tmp_path)
+    folder = tmp_path / "checkpoints" / "step_00000002"
+    whole, read = read_whole(folder), read_weights(folder)
+    assert whole["ema"].keys() < read.keys() and read.keys() == whole["model"].keys()
+    assert all(torch.equal(read[name], whole["ema"][name]) for name in whole["ema"])
+    assert not all(torch.equal(whole["model"][name], whole["ema"][name]) for name in whole["ema"]), "not the weights"

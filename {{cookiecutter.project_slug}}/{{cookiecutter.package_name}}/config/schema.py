@@ -286,6 +286,8 @@ def check_strategy_options(config: TrainConfig) -> None:
     for strategy, sections in STRATEGY_SECTIONS.items():
         for section in (section for section in sections if section not in read):
             for key, value in vars(getattr(config, section)).items():
+                if (section, key) == ("fsdp", "blocks") and config.trainer.activation_checkpointing:
+                    continue  # the blocks activation checkpointing recomputes, under every strategy
                 require(
                     defaults[section].get(key) == value,
                     f"{section}.{key}={value} is a {section.upper()} option, and strategy={config.strategy} does not "

@@ -25,6 +25,7 @@ from ..observe.logs import setup_logging
 from ..placement import DistEnv
 from ..processes import die_with_parent
 from ..run_dir import CONTROL_DIR_ENV, FAILED_MARKER, REFUSED, register_resolvers, write_hydra_record, write_marker
+from ..storage import local_path
 from .build import build_trainer
 from .checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
 from .checkpoint.trust import check_trusted
@@ -133,7 +134,7 @@ def run_eval(cfg: DictConfig) -> None:
     """Evaluate `ckpt_path` exactly, on any number of processes; print the figures on rank 0."""
 
     def body() -> None:
-        path = Path(cfg.ckpt_path)
+        path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
         if path.name == "best":  # checkpoint.keep_best's best one
             path = best_checkpoint(path)
         if not path.exists():

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..placement import DistEnv
+from ..storage import local_path
 from .checkpoint.files import TRAINER_FILE, load_checkpoint
 from .checkpoint.trust import check_trusted as check_config
 from .distributed import broadcast_bytes, is_distributed
@@ -38,7 +39,8 @@ def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
 
         check_folder_trusted(path / TRAINER_FILE, trust)
         try:
-            return read_whole(path)["model"]
+            whole = read_whole(path)
+            return with_average(whole["model"], whole.get("ema"), path)
         except Exception as error:
             raise ConfigError(f"model.init_from={path}: not a folder of shards that loads ({error})"[:300]) from None
     try:
@@ -48,6 +50,8 @@ def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
         raise ConfigError(f"model.init_from={path} does not load as tensors and plain values ({first})") from None
     if isinstance(payload, dict) and isinstance(payload.get("config"), dict):  # a run's checkpoint
         check_config(payload["config"], trust, "trust_checkpoint=true")
+    if isinstance(payload, dict) and isinstance(payload.get("model"), dict) and payload.get("ema"):
+        payload = {"model": with_average(payload["model"], payload["ema"], path)}
     for key in ("model", "state_dict"):  # a run's checkpoint; a Lightning-style file
         if isinstance(payload, dict) and isinstance(payload.get(key), dict):
             payload = payload[key]
@@ -61,6 +65,16 @@ def check_folder_trusted(trainer_file: Path, trust: bool) -> None:
     if trainer_file.is_file():
         config = load_checkpoint(trainer_file).get("config")
         check_config(config if isinstance(config, dict) else {}, trust, "trust_checkpoint=true")
+
+
+def with_average(weights: dict[str, torch.Tensor], average: dict | None, path: Path) -> dict[str, torch.Tensor]:
+    """A run that kept an EMA of its weights (trainer.ema) validated, evaluates and exports the average:
+    its parameters are the ones taken (the buffers stay the model's), and the log says so."""
+    if not average:
+        return weights
+    log.info("model.init_from=%s kept an EMA of its weights (trainer.ema): the average is taken, as its "
+             "validation, eval.py and the export use it", path)  # fmt: skip
+    return {**weights, **average}
 
 
 def unwrapped(name: str) -> str:
@@ -78,6 +92,12 @@ def fit_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> str:
                 if name in weights and name not in fitting]  # fmt: skip
     fresh = [name for name in live if name not in weights]
     unused = [name for name in weights if name not in live]
+    parameters = {name for name, _ in model.named_parameters()}
+    if fitting and not parameters & fitting.keys():  # BatchNorm's counters alone: nothing learnt would load
+        raise ConfigError(
+            f"model.init_from: of its {len(weights)} tensors only buffers fit this model ("
+            f"{', '.join(list(fitting)[:SHOWN])}), no weight: give weights of this model"
+        )
     if not fitting:
         raise ConfigError(
             f"model.init_from: none of its {len(weights)} tensors fits this model (its names: "
@@ -101,7 +121,7 @@ def initialise_from(model: nn.Module, source: str, env: DistEnv, has_checkpoint:
     if env.is_main and not has_checkpoint:
         try:
             buffer = io.BytesIO()
-            torch.save(read_weights(Path(source), trust), buffer)
+            torch.save(read_weights(Path(local_path(source, "model.init_from")), trust), buffer)
             data = b"W" + buffer.getvalue()
         except ConfigError as error:
             data = b"E" + str(error).encode()

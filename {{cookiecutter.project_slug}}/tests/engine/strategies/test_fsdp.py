@@ -61,6 +61,20 @@ def test_the_blocks_are_the_repeated_units_or_the_named_classes() -> None:
     assert len(find_blocks(resnet, ["BasicBlock"])) == 8
     assert find_blocks(SmallCNN(num_classes=3), []) == []  # the root only
     assert FSDPConfig(blocks=[], reshard_after_forward=True, cpu_offload=False).blocks == []
+    with pytest.raises(ConfigError) as error:  # a typo would shard nothing block by block: the whole model at once
+        find_blocks(gpt, ["Blok"])
+    assert str(error.value).startswith("fsdp.blocks=['Blok'] names no class GPT has: name its repeated blocks' ")
+    assert "(it has Block, " in str(error.value)
+    assert find_blocks(gpt, ["Block", "Bottleneck"]) == list(gpt.blocks), "a list for several models"
+
+
+def test_fsdp_blocks_under_ddp_is_taken_for_activation_checkpointing_only() -> None:
+    refused = r"fsdp.blocks=\['Block'\] is a FSDP option, and strategy=ddp does not use it"
+    with pytest.raises(ConfigError, match=refused):
+        to_train_config(compose_config(["strategy=ddp", "fsdp.blocks=[Block]"]))
+    recomputed = ["strategy=ddp", "fsdp.blocks=[Block]", "trainer.activation_checkpointing=true"]
+    config = to_train_config(compose_config(recomputed))
+    assert config.fsdp.blocks == ["Block"]
 
 
 def test_bf16_under_fsdp_computes_in_bf16_from_fp32_shards_and_reduces_the_loss_in_fp32(tmp_path: Path) -> None:
