@@ -84,3 +84,38 @@ def test_a_checkpoint_of_newer_code_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="format version 99, newer than this code's 1"):
         export(tmp_path / "step_00000007.pt", tmp_path / "model.pt")
     assert not (tmp_path / "model.pt").exists()
+
+
+def test_a_safetensors_out_is_read_by_safetensors_own_loader_and_by_init_from(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from {{cookiecutter.package_name}}.engine.init_weights import read_weights
+
+    weights = write_checkpoint(tmp_path / "step_00000007.pt")
+    line = export(tmp_path / "step_00000007.pt", tmp_path / "model.safetensors")
+    loaded = load_file(tmp_path / "model.safetensors")
+    assert loaded.keys() == weights.keys() and all(torch.equal(loaded[name], weights[name]) for name in weights)
+    with safe_open(tmp_path / "model.safetensors", "pt") as file:
+        assert file.metadata() == {"step": "7", "weights": line}
+    read = read_weights(tmp_path / "model.safetensors")
+    assert read.keys() == weights.keys() and all(torch.equal(read[name], weights[name]) for name in weights)
+
+
+def test_tied_weights_go_to_safetensors_and_tie_again(tmp_path: Path) -> None:
+    """A model whose head shares the embedding's tensor (weight tying): safetensors keeps no shared storage."""
+    from safetensors.torch import load_file
+
+    from {{cookiecutter.package_name}}.engine.checkpoint.files import write_atomically
+    from {{cookiecutter.package_name}}.export import safetensors_writer
+
+    def tied() -> torch.nn.Module:
+        model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+        model[1].weight = model[0].weight
+        return model
+
+    model = tied()
+    write_atomically(model.state_dict(), tmp_path / "tied.safetensors", safetensors_writer({}))
+    fresh = tied()
+    fresh.load_state_dict(load_file(tmp_path / "tied.safetensors"))
+    assert torch.equal(fresh[0].weight, model[0].weight) and fresh[1].weight is fresh[0].weight

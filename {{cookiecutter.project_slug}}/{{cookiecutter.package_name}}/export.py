@@ -1,15 +1,20 @@
 """One plain weights file from any checkpoint of a run, sharded (fsdp, hsdp) or not (ddp):
-`python -m <package>.export CHECKPOINT OUT.pt`, or `<package>-export ...` once installed.
+`python -m <package>.export CHECKPOINT OUT.pt` (or `OUT.safetensors`), or `<package>-export ...` once installed.
 
 OUT holds the unwrapped model's state dict, tensors only: `model.load_state_dict(torch.load(OUT,
-weights_only=True))` puts the trained weights into the model the run's config builds, without
-any of this project's code. One process, no process group: the shards are read whole.
+weights_only=True))`, or `safetensors.torch.load_file(OUT)` for a `.safetensors` OUT, puts the trained
+weights into the model the run's config builds, without any of this project's code. One process, no
+process group: the shards are read whole.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
+
+import torch
 
 from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, write_atomically
 from .engine.checkpoint.trust import check_trusted
@@ -37,16 +42,31 @@ def export(checkpoint: Path, out: Path, trust: bool = False) -> str:
     load_weights(checkpoint, model, payload)  # whatever strategy wrote it
     weights = model.state_dict()
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(weights, out)
     kind = "EMA weights (trainer.ema)" if has_ema(checkpoint, payload) else "weights"  # what validation scored
-    return f"{kind} at step {payload['step']}: sha256 {weights_fingerprint(weights)}"
+    line = f"{kind} at step {payload['step']}: sha256 {weights_fingerprint(weights)}"
+    if out.suffix == ".safetensors":
+        write_atomically(weights, out, safetensors_writer({"step": str(payload["step"]), "weights": line}))
+    else:
+        write_atomically(weights, out)
+    return line
+
+
+def safetensors_writer(metadata: dict[str, str]) -> Callable[[dict[str, torch.Tensor], BinaryIO], None]:
+    """The weights as a safetensors file. Tied tensors (the GPT's embedding and head) are written once
+    each, as copies: safetensors keeps no shared storage, and load_state_dict ties them again."""
+    from safetensors.torch import save
+
+    def write(weights: dict[str, torch.Tensor], file: BinaryIO) -> None:
+        file.write(save({name: tensor.detach().contiguous().clone() for name, tensor in weights.items()}, metadata))
+
+    return write
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = "a run's checkpoints/step_<N>.pt (ddp), step_<N>/ (sharded), or checkpoints/best (keep_best)"
     parser.add_argument("checkpoint", help=where)
-    parser.add_argument("out", type=Path, help="the file to write (must not exist)")
+    parser.add_argument("out", type=Path, help="the file to write (must not exist): .safetensors, else torch's .pt")
     trust = "build a model whose config names code outside this project (only for a checkpoint you trust)"
     parser.add_argument("--trust-checkpoint", action="store_true", help=trust)
     args = parser.parse_args(argv)

@@ -70,16 +70,20 @@ def receive(env: DistEnv, path: str, has_checkpoint: bool) -> list[float] | str:
     return model[0].weight.flatten().tolist()
 
 
+def receive_each(env: DistEnv, cases: list[tuple[str, bool]]) -> list[list[float] | str]:
+    return [receive(env, path, has_checkpoint) for path, has_checkpoint in cases]  # one process group for all
+
+
 def test_rank_zero_reads_the_file_and_the_others_receive_it(tmp_path: Path) -> None:
     torch.manual_seed(5)
     weights = net(10).state_dict()
     torch.save(weights, tmp_path / "w.pt")
-    ranks = on_ranks(2, receive, str(tmp_path / "w.pt"), False)
+    cases = [(str(tmp_path / "w.pt"), False), (str(tmp_path / "missing.pt"), False), (str(tmp_path / "w.pt"), True)]
+    ranks, missing, resumed = zip(*on_ranks(2, receive_each, cases), strict=True)
     assert ranks[0] == ranks[1] == weights["0.weight"].flatten().tolist()
-    ranks = on_ranks(2, receive, str(tmp_path / "missing.pt"), False)
-    assert ranks[0] == ranks[1] and "no such file or folder" in ranks[0], "every rank raises rank 0's error"
-    resumed = on_ranks(2, receive, str(tmp_path / "w.pt"), True)  # rank 0 holds the run's own checkpoint
-    assert resumed[0] != weights["0.weight"].flatten().tolist() and resumed[1] != resumed[0], "nothing loaded"
+    assert missing[0] == missing[1] and "no such file or folder" in missing[0], "every rank raises rank 0's error"
+    # rank 0 holds the run's own checkpoint: nothing loaded
+    assert resumed[0] != weights["0.weight"].flatten().tolist() and resumed[1] != resumed[0]
 
 
 def test_a_world_of_one_loads_without_a_process_group(tmp_path: Path, caplog) -> None:
@@ -115,24 +119,57 @@ def test_a_store_url_is_refused_in_one_line_not_read_as_a_mangled_path() -> None
     assert str(error.value).startswith("model.init_from=s3://bucket/run/step_00000004.pt: a checkpoint is read from ")
 
 
-def fsdp_run_with_an_ema(env: DistEnv, run_dir: Path) -> None:
+JOB = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=16", "data.val_size=8",
+       "data.batch_size=4", "data.image_size=8", "trainer.max_steps=2"]  # fmt: skip
+
+
+def train(env: DistEnv, run_dir: Path, *overrides: str) -> dict[str, torch.Tensor]:
+    """A tiny run; the weights it starts from (rank 0's, whole: every rank's are equal under ddp)."""
     from {{cookiecutter.package_name}}.config import to_train_config
     from {{cookiecutter.package_name}}.engine.build import build_trainer
 
     from ..helpers import compose_config
 
-    job = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=16", "data.val_size=8",
-           "data.batch_size=8", "data.image_size=8", "trainer.max_steps=2", "strategy=fsdp",
-           "trainer.ema.decay=0.5"]  # fmt: skip
-    build_trainer(to_train_config(compose_config(job)), env, run_dir).fit()
+    trainer = build_trainer(to_train_config(compose_config([*JOB, *overrides])), env, run_dir)
+    started = {name: tensor.clone() for name, tensor in trainer.strategy.full_weights().items()}
+    trainer.fit()
+    return started
 
 
-def test_a_folder_of_shards_that_kept_an_ema_gives_its_average(tmp_path: Path) -> None:
+def fine_tune(env: DistEnv, sources: dict[str, Path], run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """A 3-class run under each strategy from its source (ddp from an export, fsdp from a folder of shards)."""
+    return {strategy: train(env, run_dir / strategy, f"strategy={strategy}", "data.num_classes=3",
+                            f"model.init_from={source}") for strategy, source in sources.items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ema_folder(tmp_path_factory) -> Path:
+    """A 10-class fsdp run's folder of shards (one rank), which kept an EMA of its weights."""
+    run_dir = tmp_path_factory.mktemp("source")
+    on_ranks(1, train, run_dir, "strategy=fsdp", "trainer.ema.decay=0.5")
+    return run_dir / "checkpoints" / "step_00000002"
+
+
+def test_a_folder_of_shards_that_kept_an_ema_gives_its_average(ema_folder: Path) -> None:
     from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
 
-    on_ranks(1, fsdp_run_with_an_ema, tmp_path)
-    folder = tmp_path / "checkpoints" / "step_00000002"
-    whole, read = read_whole(folder), read_weights(folder)
+    whole, read = read_whole(ema_folder), read_weights(ema_folder)
     assert whole["ema"].keys() < read.keys() and read.keys() == whole["model"].keys()
     assert all(torch.equal(read[name], whole["ema"][name]) for name in whole["ema"])
     assert not all(torch.equal(whole["model"][name], whole["ema"][name]) for name in whole["ema"]), "not the weights"
+
+
+def test_fine_tuning_under_ddp_and_fsdp_starts_from_the_weights_but_the_new_head(ema_folder, tmp_path) -> None:
+    """Two ranks; under ddp from the folder's .safetensors export, under fsdp from the folder itself."""
+    from {{cookiecutter.package_name}}.export import export
+
+    export(ema_folder, tmp_path / "weights.safetensors")
+    sources = {"ddp": tmp_path / "weights.safetensors", "fsdp": ema_folder}
+    started = on_ranks(2, fine_tune, sources, tmp_path)[0]
+    expected = read_weights(ema_folder)
+    for strategy, weights in started.items():
+        head = {name for name in weights if weights[name].shape != expected[name].shape}
+        assert head == {"7.weight", "7.bias"}, (strategy, head)  # 10 classes -> 3: initialised afresh
+        for name in weights.keys() - head:
+            assert torch.equal(weights[name], expected[name]), (strategy, name)
+        assert (tmp_path / strategy / "checkpoints").is_dir(), "and it trained"

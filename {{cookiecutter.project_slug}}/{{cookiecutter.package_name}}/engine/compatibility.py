@@ -33,8 +33,9 @@ REFUSED = ("model", "optim._target_", "seed", "data")
 # The same samples, batched otherwise or cached elsewhere (data=shards' local cache of a store's shards).
 LOADER_KEYS = ("data.batch_size", "data.num_workers", "data.on_device", "data.cache_dir", "data.cache_limit_gb")
 # What a finished run may be relaunched with, changed, without anything being silently ignored.
-# model.init_from: only a new run reads it (init_weights.py), so a resume never refuses it.
-STARTING_KEYS = ("model.init_from",)
+# model.init_from: only a new run reads it (init_weights.py), so a resume never refuses it; nor the trust
+# it is read with (trust_checkpoint).
+STARTING_KEYS = ("model.init_from", "trust_checkpoint")
 OPERATIONAL = ("log", "dist", "checkpoint", "trainer.log_every_n_steps", "trainer.record_samples",
                "trainer.profile_steps", "trainer.memory_snapshot", *LOADER_KEYS, *STARTING_KEYS)  # fmt: skip
 SHOWN = 4  # differences named in one line

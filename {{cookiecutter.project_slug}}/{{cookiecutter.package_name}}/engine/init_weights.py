@@ -1,12 +1,13 @@
 """model.init_from: a new run starts from weights (fine-tuning), not from a random initialisation.
 
 The file is another run's checkpoint (`step_<N>.pt`, or a folder of shards `step_<N>/`), an export
-(export.py), or a plain state_dict such as torchvision's (`{"state_dict": ...}` and DDP's `module.`
-prefix are unwrapped). Weights only: the optimizer, the schedule and the data position start afresh.
-Rank 0 reads it and the others receive it through the process group (no shared file system needed),
-before the strategy spreads the model. A tensor whose shape differs (a new head) keeps its fresh
-initialisation; those, and the names on one side only, are said in one line. Once the run has
-checkpoints of its own it resumes them (checkpoint/manager.py), and the weights file is not read.
+(export.py, `.pt` or `.safetensors`), any safetensors file, or a plain state_dict such as
+torchvision's (`{"state_dict": ...}` and DDP's `module.` prefix are unwrapped). Weights only: the
+optimizer, the schedule and the data position start afresh. Rank 0 reads it and the others receive
+it through the process group (no shared file system needed), before the strategy spreads the model.
+A tensor whose shape differs (a new head) keeps its fresh initialisation; those, and the names on
+one side only, are said in one line. Once the run has checkpoints of its own it resumes them
+(checkpoint/manager.py), and the weights file is not read.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
         except Exception as error:
             raise ConfigError(f"model.init_from={path}: not a folder of shards that loads ({error})"[:300]) from None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        safetensors = path.suffix == ".safetensors"
+        payload = load_safetensors(path) if safetensors else torch.load(path, "cpu", weights_only=True)
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise ConfigError(f"model.init_from={path} does not load as tensors and plain values ({first})") from None
@@ -58,6 +60,13 @@ def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
     if not isinstance(payload, dict) or not any(isinstance(v, torch.Tensor) for v in payload.values()):
         raise ConfigError(f"model.init_from={path} holds no state_dict (names to tensors): give a weights file")
     return {unwrapped(name): value for name, value in payload.items() if isinstance(value, torch.Tensor)}
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file (the export's, Hugging Face's): tensors only, nothing to unpickle."""
+    from safetensors.torch import load_file
+
+    return load_file(path, device="cpu")
 
 
 def check_folder_trusted(trainer_file: Path, trust: bool) -> None:

@@ -17,8 +17,9 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
@@ -64,12 +65,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(payload: dict[str, Any], path: Path) -> None:
-    """torch.save to a temporary file beside `path`, fsync, rename into place, fsync the folder."""
+def write_atomically(payload: dict[str, Any], path: Path, save: Callable[[Any, BinaryIO], Any] = torch.save) -> None:
+    """`save` (torch.save) to a temporary file beside `path`, fsync, rename into place, fsync the folder."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         with open(tmp, "wb") as file:
-            torch.save(payload, file)
+            save(payload, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)
