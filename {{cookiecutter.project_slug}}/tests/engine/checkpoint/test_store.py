@@ -86,8 +86,10 @@ def test_a_store_that_stops_answering_is_retried_then_one_line_says_it_cannot_be
     message = str(stopped.value)
     assert 1.0 < waited < 20, f"retried for about checkpoint.store_retry_s, not forever ({waited:.1f} s)"
     assert message.startswith(f"checkpoint.dir={url}: saving step_00000002.pt failed for 2 s"), message
-    assert (f"the store could not be listed to say which checkpoint it holds (the last one uploaded: "
-            f"{url}/step_00000001.pt); the local copies in {tmp_path} stay; fix the store") in message, message
+    assert (
+        f"the store could not be listed to say which checkpoint it holds (the last one uploaded: "
+        f"{url}/step_00000001.pt); the local copies in {tmp_path} stay; fix the store"
+    ) in message, message
     assert "\n" not in message
     assert s3_server.secret not in message
     assert (tmp_path / "step_00000001.pt").is_file(), "the local copy of the last one stays too"
@@ -372,16 +374,21 @@ def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
     again = Checkpointer(tmp_path / "elsewhere" if remote else Path(url), config(url), is_writer=True)
     again.claim(Path("outputs/a"))
     assert again.find_resume_payload()[1]["step"] == 6
-    # Two runs launched at the same moment, both finding no owner: the one whose mark is gone stops at its save.
-    a.store.write_text(".owner", "outputs/b\n") if remote else (Path(url) / ".owner").write_text("outputs/b\n")
+    # The mark lost (a store that came back empty): written again at the next save, which goes on.
+    a.store.fs.rm(f"{a.store.root}/.owner") if remote else (Path(url) / ".owner").unlink()
     a.save(7, state(7))
+    a.wait()
+    assert a.read_owner() == "outputs/a"
+    # Two runs launched at the same moment, both finding no owner: the one whose mark is not there stops.
+    a.store.write_text(".owner", "outputs/b\n") if remote else (Path(url) / ".owner").write_text("outputs/b\n")
+    a.save(9, state(9))
     with pytest.raises(JobError) as stopped:
         a.wait()
     assert str(stopped.value) == (
         f"checkpoint.dir={url} now belongs to the run in outputs/b (its .owner), not to this one in outputs/a: two "
         "runs were given the same checkpoint.dir; give each its own, then launch again"
     )
-    assert not (run_a / "checkpoints" / "step_00000007.pt").exists() and not (Path(url) / "step_00000007.pt").exists()
+    assert not (run_a / "checkpoints" / "step_00000009.pt").exists() and not (Path(url) / "step_00000009.pt").exists()
     own = Checkpointer(run_b / "checkpoints", config(""), is_writer=True)  # the run dir's own checkpoints/
     own.claim(run_b)
     assert not (run_b / "checkpoints" / ".owner").exists() and own.owner is None

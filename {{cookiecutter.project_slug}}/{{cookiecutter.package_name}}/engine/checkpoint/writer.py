@@ -25,7 +25,6 @@ from ...errors import ConfigError, JobError, first_line
 from ...storage import is_remote
 from .files import (
     BEST_FILE,
-    METADATA_FILE,
     OWNER_FILE,
     TMP_PREFIX,
     NotACheckpoint,
@@ -211,24 +210,31 @@ class Checkpointer:
         if self.config.dir:
             self.owner = owner_id(run_dir)
         if self.is_writer and self.config.dir and owner is None:
-            if self.store is not None:
-                self.store.write_text(OWNER_FILE, self.owner + "\n")
-            else:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                write_text_atomically(self.owner + "\n", self.folder / OWNER_FILE)
+            self.write_owner()
+
+    def write_owner(self) -> None:
+        if self.store is not None:
+            self.store.write_text(OWNER_FILE, f"{self.owner}\n")
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_text_atomically(f"{self.owner}\n", self.folder / OWNER_FILE)
 
     def check_still_owner(self) -> None:
         """Before each checkpoint: a run launched at the same moment with the same checkpoint.dir may have
-        claimed it too; the one whose mark is not there stops rather than mix checkpoints with it."""
+        claimed it too; the one whose mark is not there stops rather than mix checkpoints with it. A mark
+        that is gone (a store that came back empty) is written again."""
         if self.owner is None:
             return
         owner = self.read_owner()
-        if owner != self.owner:
+        if owner is None:
+            self.write_owner()
+        elif owner != self.owner:
             where = self.store.shown if self.store is not None else self.config.dir
             raise JobError(
                 f"checkpoint.dir={where} now belongs to the run in {owner} (its {OWNER_FILE}), not to this one "
                 f"in {self.owner}: two runs were given the same checkpoint.dir; give each its own, then launch "
-                "again", exit_code=2,
+                "again",
+                exit_code=2,
             )
 
     def find_resume_payload(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
@@ -265,8 +271,9 @@ class Checkpointer:
         local = [path for path in list_checkpoints(self.folder) if path not in skip]
         stored = self.store.names() if self.store is not None and self.fetches else []
         stored = [name for name in stored if self.folder / name not in skip]
-        candidates = sorted([(step_of(path.name), 0, path.name) for path in local]
-                            + [(step_of(name), 1, name) for name in stored], key=lambda item: (-item[0], item[1]))  # fmt: skip
+        candidates = [(step_of(path.name), 0, path.name) for path in local]
+        candidates += [(step_of(name), 1, name) for name in stored]
+        candidates.sort(key=lambda item: (-item[0], item[1]))  # the newest first; on a tie the local copy
         for _, in_store, name in candidates:
             if in_store:
                 found = self.readable(self.store.download(name, self.folder))  # type: ignore[union-attr]
