@@ -25,7 +25,22 @@ def test_a_store_that_does_not_answer_is_one_line_without_the_secret(monkeypatch
                         "AWS_SECRET_ACCESS_KEY": "hush-hush", "AWS_MAX_ATTEMPTS": "1"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as raised:
-        check_reachable("s3://user:pw@bucket/run", "checkpoint.dir")
+        check_reachable("s3://bucket/run", "checkpoint.dir")
     message = str(raised.value)
-    assert message.startswith("checkpoint.dir=s3://user:***@bucket/run: the store does not answer (")
-    assert "hush-hush" not in message and ":pw@" not in message and "\n" not in message
+    assert message.startswith("checkpoint.dir=s3://bucket/run: the store does not answer (")
+    assert "hush-hush" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("url", ["s3://KEY:SECRET@bucket/run", "s3://KEY@bucket/run", "gs://KEY:SECRET@bucket/run"])
+def test_credentials_in_the_url_are_refused_in_one_line_saying_how_to_give_them(url: str) -> None:
+    scheme = url.split("://")[0]
+    expected = (
+        f"checkpoint.dir={scheme}://***@bucket/run: credentials in the URL are not used: remove '...@' and give "
+        "them as the client reads them: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, "
+        "~/.aws/credentials, an instance role) for s3://"
+    )
+    with pytest.raises(ConfigError) as raised:  # what the launcher asks before torchrun: nothing has started
+        check_reachable(url, "checkpoint.dir")
+    assert str(raised.value) == expected
+    with pytest.raises(ConfigError, match=r"^url=s3://\*\*\*@b/x: credentials in the URL"):  # the workers' way in
+        filesystem("s3://KEY:SECRET@b/x")

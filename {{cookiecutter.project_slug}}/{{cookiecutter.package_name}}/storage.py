@@ -1,17 +1,20 @@
 """Where files may live besides the local disk: an fsspec URL (`s3://bucket/prefix`, or any protocol
 fsspec has a package for), for checkpoints (engine/checkpoint/) and data shards (datasets/shards.py).
 Credentials come from the client's own environment variables and files (AWS_ACCESS_KEY_ID, ~/.aws/,
-AWS_ENDPOINT_URL for an S3-compatible store): nothing here takes, keeps or writes one. Shared by the
+AWS_ENDPOINT_URL for an S3-compatible store): nothing here takes, keeps or writes one, and a URL that
+carries one (`s3://KEY:SECRET@bucket`, which s3fs would misread as a bucket) is refused in one line. Shared by the
 launcher (is the store reachable, before torchrun) and the workers; no torch."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import ConfigError, first_line
 from .redaction import redact_text
 
 PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+_USER_INFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")  # scheme://user[:password]@...
 
 
 def is_remote(url: str) -> bool:
@@ -31,10 +34,25 @@ def local_path(given: str, key: str) -> str:
     return given
 
 
-def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec file system of `url` and the path inside it; one line where its package is missing."""
+def check_no_credentials(url: str, key: str) -> None:
+    """One line for a URL that carries credentials (`s3://KEY:SECRET@bucket/prefix`): fsspec's clients do
+    not take them from there (s3fs reads `KEY:SECRET@bucket` as the bucket's name), and a secret on a
+    command line ends up in shell histories and process lists. `key`: the setting that named it."""
+    if _USER_INFO.match(url):
+        scheme, rest = url.split("://", 1)
+        raise ConfigError(
+            f"{key}={scheme}://***@{rest.split('@', 1)[1]}: credentials in the URL are not used: remove "
+            f"'...@' and give them as the client reads them: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or AWS_PROFILE, ~/.aws/credentials, an instance role) for s3://"
+        )
+
+
+def filesystem(url: str, key: str = "url") -> tuple[Any, str]:
+    """The fsspec file system of `url` and the path inside it; one line where its package is missing
+    or the URL carries credentials (`key`: the setting that named it)."""
     import fsspec
 
+    check_no_credentials(url, key)
     protocol = url.split("://", 1)[0]
     try:
         return fsspec.core.url_to_fs(url, skip_instance_cache=True)  # the environment as it is now
@@ -48,7 +66,7 @@ def filesystem(url: str) -> tuple[Any, str]:
 def check_reachable(url: str, key: str) -> None:
     """One line, before any work, where the store of `url` cannot be listed (unreachable, no such
     bucket, no permission): `key` is the setting that named it."""
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, key)
     bucket = path.split("/", 1)[0]
     try:
         fs.ls(bucket, refresh=True)

@@ -1,6 +1,7 @@
 """checkpoint.dir=s3://... against a real S3 API on 127.0.0.1 (moto's server), the way a job on
 machines without a shared disk uses it: killed, relaunched elsewhere on an empty disk, resumed bit for
-bit; resumed on another world size with every sample once; the store lost during a save."""
+bit; another run given the same prefix refused; resumed on another world size with every sample once;
+the store lost during a save."""
 
 from __future__ import annotations
 
@@ -63,12 +64,21 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_at_any_world_size(
     shutil.rmtree(killed)  # the machine is gone: nothing of the run is left on any local disk
     fs = s3_server.filesystem()
     fs.copy(f"{url.removeprefix('s3://')}/", f"{bucket.removeprefix('s3://')}/copy/", recursive=True)
+    fs.rm(f"{bucket.removeprefix('s3://')}/copy/.owner")  # a copy handed to another run (remote_checkpoints.md)
 
-    # Relaunched elsewhere (a new run dir, an empty disk): the newest checkpoint comes down, bit for bit.
-    again = tmp_path / "again"
+    # Another run given the same prefix (a new run dir) is refused in one line, before any work.
+    code, output = finish(start(tmp_path / "intruder", 2, *JOB, f"checkpoint.dir={url}"))
+    assert code == 2 and f"error: checkpoint.dir={url} belongs to the run in {killed} (its .owner says so), " \
+        f"not to this one in {tmp_path / 'intruder'}: " in output, output[-3000:]  # fmt: skip
+    assert not list((tmp_path / "intruder").glob("checkpoints/step_*")) and max(store_steps(url)) == saved
+
+    # Relaunched elsewhere (the same RUN_DIR, an empty disk): the newest checkpoint comes down, bit for bit.
+    again = killed
     code, output = finish(start(again, 2, *JOB, f"checkpoint.dir={url}"))
     assert code == 0, output[-3000:]
     assert f"resumed from {again / 'checkpoints' / f'step_{saved:08d}.pt'}" in output
+    # brought down by the workers' start checks, then the local copy of the store's newest (remote_checkpoints.md)
+    assert f"the store (the store's newest: {url}/step_{saved:08d}.pt)" in output, output[-3000:]
     assert_bit_identical(reference, again, LAST_STEP)
     assert store_steps(url) == [LAST_STEP, LAST_STEP - 4], "keep_last=2 in the store"
 
@@ -99,10 +109,14 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_at_any_world_size(
     s3_server.stop()
     code, output = finish(proc)
     # The store may go during an upload or just after it, as the writer lists what to prune: either says so.
-    failed = rf"checkpoint.dir={lost_url}: (saving step_\d+\.pt|listing the checkpoints) failed for 3 s"
+    failed = rf"checkpoint.dir={lost_url}: (saving step_\d+\.pt|listing the checkpoints|reading .owner) failed for 3 s"
     assert code != 0 and re.search(failed, output), output
-    assert re.search(rf"the last checkpoint saved there: {lost_url}/step_\d+\.pt, intact", output)
-    for run_dir in (again, three, sharded, lost):
+    assert re.search(
+        rf"the store could not be listed to say which checkpoint it holds \(the last one uploaded: "
+        rf"{lost_url}/step_\d+\.pt\); the local copies in {lost / 'checkpoints'} stay",
+        output,
+    ), output
+    for run_dir in (again, three, sharded, lost, tmp_path / "intruder"):
         assert s3_server.secret not in every_file_text(run_dir), f"a secret of the environment in {run_dir}"
     assert s3_server.secret not in output
 

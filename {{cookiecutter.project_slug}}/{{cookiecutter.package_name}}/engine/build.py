@@ -96,7 +96,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
               generators]  # fmt: skip  # generators last
     plain_config = to_plain_dict(config)
     checkpoints = CheckpointManager(
-        folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs
+        folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir
     )
     trainer = Trainer(
         config=config,

@@ -43,6 +43,7 @@ def check_launch(config: TrainConfig, run_dir: Path | None, env: DistEnv, choice
     check_room_for_checkpoints(run_dir if run_dir is not None else Path(OUTPUT_ROOT), model)
     folder = local_folder(run_dir if run_dir is not None else Path(OUTPUT_ROOT) / "(new run)", config.checkpoint)
     checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False, fetches=True)
+    checkpoints.check_owner(run_dir)  # checkpoint.dir: another run's is refused (writer.py)
     checkpoints.refuse_to_overwrite()
     check_resume(checkpoints.find_resume_payload(), to_plain_dict(config), config.trainer.epochs)
     return model

@@ -1,12 +1,15 @@
 """engine/checkpoint/store.py, against a real S3 API on 127.0.0.1 (moto's server): a checkpoint goes
 up whole, a resume on an empty disk brings the newest whole one down, pruning happens there too, and
-a store that stops answering is retried for a bounded time, then one line names the last one saved.
+a store that stops answering is retried for a bounded time, then one line says what the store holds.
 In this process's memory (fsspec's memory://): rank 0 waits for the other ranks' shards before it makes
-a folder whole, as long as they take to come up, for checkpoint.store_retry_s at most."""
+a folder whole, as long as they take to come up, for checkpoint.store_retry_s at most; the local
+checkpoints and the store are one history (the newest of either resumed); a checkpoint.dir belongs to
+one run."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +69,7 @@ def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk
         never.refuse_to_overwrite()
 
 
-def test_a_store_that_stops_answering_is_retried_then_one_line_names_the_last_saved(
+def test_a_store_that_stops_answering_is_retried_then_one_line_says_it_cannot_be_listed(
     s3_server, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: ours are the point here
@@ -83,7 +86,11 @@ def test_a_store_that_stops_answering_is_retried_then_one_line_names_the_last_sa
     message = str(stopped.value)
     assert 1.0 < waited < 20, f"retried for about checkpoint.store_retry_s, not forever ({waited:.1f} s)"
     assert message.startswith(f"checkpoint.dir={url}: saving step_00000002.pt failed for 2 s"), message
-    assert f"the last checkpoint saved there: {url}/step_00000001.pt, intact" in message and "\n" not in message
+    assert (
+        f"the store could not be listed to say which checkpoint it holds (the last one uploaded: "
+        f"{url}/step_00000001.pt); the local copies in {tmp_path} stay; fix the store"
+    ) in message, message
+    assert "\n" not in message
     assert s3_server.secret not in message
     assert (tmp_path / "step_00000001.pt").is_file(), "the local copy of the last one stays too"
 
@@ -145,8 +152,9 @@ def test_shards_that_never_come_stop_the_job_after_store_retry_s_in_one_line(mem
     assert 0.6 <= waited < 5, f"retried for checkpoint.store_retry_s, then stopped ({waited:.2f} s)"
     assert str(stopped.value) == (
         f"checkpoint.dir={memory_url}: waiting for step_00000004's shards failed for 1 s (FileNotFoundError: 2 "
-        f"shard files not there yet (__1_0.distcp)); the last checkpoint saved there: {memory_url}/step_00000002.pt, "
-        "intact; fix the store (address, credentials, space), then launch again to resume from it"
+        f"shard files not there yet (__1_0.distcp)); the newest checkpoint there: {memory_url}/step_00000002.pt; "
+        "fix the store (address, credentials, space), then launch again to resume from the newest of the store and "
+        "the local copies"
     )
 
 
@@ -238,21 +246,50 @@ def test_each_operation_on_a_store_that_stops_answering_is_named_in_its_one_line
             action(store, tmp_path / "down")
     finally:
         delattr(store.fs, method)
+    listed = (f"the newest checkpoint there: {memory_url}/step_00000004.pt" if method != "ls" or unrefreshed_only
+              else f"the store could not be listed to say which checkpoint it holds (the last one uploaded: "
+              f"{memory_url}/step_00000004.pt)")  # fmt: skip
     assert str(stopped.value) == (
-        f"checkpoint.dir={memory_url}: {what} failed for 0 s (OSError: the store went away); the last checkpoint "
-        f"saved there: {memory_url}/step_00000004.pt, intact; fix the store (address, credentials, space), then "
-        "launch again to resume from it"
+        f"checkpoint.dir={memory_url}: {what} failed for 0 s (OSError: the store went away); {listed}; fix the store "
+        "(address, credentials, space), then launch again to resume from the newest of the store and the local copies"
     )
 
 
-def test_a_store_that_never_answered_names_no_checkpoint_as_the_last(memory_url: str) -> None:
+def test_a_store_that_never_answered_names_no_checkpoint(memory_url: str) -> None:
     store = CheckpointStore(memory_url, retry_s=0.0)
     failing(store, "exists")
     try:
-        with pytest.raises(JobError, match=r"the last checkpoint saved there: none, intact; fix the store"):
+        with pytest.raises(JobError, match=r"failed for 0 s \(OSError: the store went away\); the store could not be "
+                           r"listed to say which checkpoint it holds; fix the store"):  # fmt: skip
             store.names()
     finally:
         del store.fs.exists
+
+
+def test_a_store_that_came_back_empty_is_said_to_hold_no_checkpoint_and_the_local_copies_stay(
+    memory_url: str, tmp_path: Path
+) -> None:
+    writer = Checkpointer(tmp_path / "checkpoints", config(memory_url, retry_s=0.0), is_writer=True)
+    for step in (4, 8):
+        writer.save(step, state(step))
+        writer.wait()
+    writer.store.fs.rm(writer.store.root, recursive=True)  # the store lost everything (a bucket made anew)
+    failing(writer.store, "put_file")
+    try:
+        writer.save(12, state(12))
+        with pytest.raises(JobError) as stopped:
+            writer.wait()
+    finally:
+        del writer.store.fs.put_file
+    assert str(stopped.value) == (
+        f"checkpoint.dir={memory_url}: saving step_00000012.pt failed for 0 s (OSError: the store went away); the "
+        f"store holds no checkpoint; the local copies in {tmp_path / 'checkpoints'} stay; fix the store (address, "
+        "credentials, space), then launch again to resume from the newest of the store and the local copies"
+    )
+    assert "step_00000008.pt" not in str(stopped.value), "uploaded once, gone since: not named as there"
+    relaunched = Checkpointer(tmp_path / "checkpoints", config(memory_url), is_writer=True)
+    path, payload = relaunched.find_resume_payload()
+    assert path == tmp_path / "checkpoints" / "step_00000012.pt" and payload["step"] == 12, "the local newest"
 
 
 def test_a_failing_store_is_retried_after_waits_that_double(memory_url: str, monkeypatch) -> None:
@@ -268,3 +305,111 @@ def test_a_failing_store_is_retried_after_waits_that_double(memory_url: str, mon
                                                                               sleep=waits.append))  # fmt: skip
     assert store.retrying("listing the checkpoints", action) == "listed"
     assert waits == [0.5, 1.0, 2.0]
+
+
+def test_the_local_checkpoints_and_the_store_are_one_history_the_newest_of_either_resumed(
+    memory_url: str, tmp_path: Path, caplog
+) -> None:
+    local = tmp_path / "run" / "checkpoints"
+    alone = Checkpointer(local, config(""), is_writer=True)  # trained without a store: RUN_DIR=X ... max_steps=8
+    for step in (4, 8):
+        alone.save(step, state(step))
+        alone.wait()
+    caplog.set_level(logging.INFO)
+    relaunched = Checkpointer(local, config(memory_url), is_writer=True)  # checkpoint.dir=s3://... added
+    path, payload = relaunched.find_resume_payload()
+    assert path == local / "step_00000008.pt" and payload["step"] == 8, "the local newest, not step 0"
+    assert caplog.messages[-1] == (
+        f"resuming from the local {path}: the newest of the local checkpoints and the store (the store's newest: none)"
+    )
+    assert not relaunched.save(8, state(8)), "resumed from step 8: never written over"
+    relaunched.save(12, state(12))
+    relaunched.wait()
+    assert CheckpointStore(memory_url, 1.0).names() == ["step_00000012.pt"]
+    assert sorted(item.name for item in local.glob("step_*")) == ["step_00000008.pt", "step_00000012.pt"]
+
+    # The store newer than this disk (a node that lost its last checkpoints): the store's comes down.
+    behind = tmp_path / "behind" / "checkpoints"
+    behind.mkdir(parents=True)
+    (behind / "step_00000008.pt").write_bytes((local / "step_00000008.pt").read_bytes())
+    path, payload = Checkpointer(behind, config(memory_url), is_writer=True).find_resume_payload()
+    assert path == behind / "step_00000012.pt" and payload["step"] == 12
+    assert caplog.messages[-1] == (
+        f"resuming from the store's {memory_url}/step_00000012.pt, brought down: the newest of the store and the "
+        f"local checkpoints (the local newest: {behind / 'step_00000008.pt'})"
+    )
+    # The same step in both: the local copy, nothing brought down.
+    (behind / "step_00000012.pt").unlink()
+    (behind / "step_00000012.pt").write_bytes((local / "step_00000012.pt").read_bytes())
+    same = Checkpointer(behind, config(memory_url), is_writer=True)
+    same.store.fs.get_file = None  # a download would fail
+    try:
+        path, _ = same.find_resume_payload()
+    finally:
+        del same.store.fs.get_file
+    assert path == behind / "step_00000012.pt" and caplog.messages[-1].startswith("resuming from the local ")
+
+
+@pytest.mark.parametrize("remote", [True, False], ids=["store", "folder"])
+def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
+    memory_url: str, tmp_path: Path, monkeypatch, remote: bool
+) -> None:
+    monkeypatch.chdir(tmp_path)  # run dirs below the working dir are named relative to it: the same on any machine
+    url = memory_url if remote else str(tmp_path / "shared")
+    run_a, run_b = tmp_path / "outputs" / "a", tmp_path / "outputs" / "b"
+    a = Checkpointer(run_a / "checkpoints" if remote else Path(url), config(url), is_writer=True)
+    a.claim(run_a)
+    a.save(6, state(6))
+    a.wait()
+    b = Checkpointer(run_b / "checkpoints" if remote else Path(url), config(url), is_writer=True)
+    refusal = (f"checkpoint.dir={url} belongs to the run in outputs/a (its .owner says so), not to this one in "
+               f"outputs/b: give this run a checkpoint.dir of its own, or launch with RUN_DIR=outputs/a to continue "
+               "that run")  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        b.claim(run_b)
+    assert str(refused.value) == refusal
+    with pytest.raises(ConfigError, match=r"not to this one in a new run dir: "):  # the launch checks, before work
+        b.check_owner(None)
+    # The same run relaunched (a restart, a Slurm requeue, the job on another machine with RUN_DIR=outputs/a).
+    again = Checkpointer(tmp_path / "elsewhere" if remote else Path(url), config(url), is_writer=True)
+    again.claim(Path("outputs/a"))
+    assert again.find_resume_payload()[1]["step"] == 6
+    # The mark lost (a store that came back empty): written again at the next save, which goes on.
+    a.store.fs.rm(f"{a.store.root}/.owner") if remote else (Path(url) / ".owner").unlink()
+    a.save(7, state(7))
+    a.wait()
+    assert a.read_owner() == "outputs/a"
+    # Two runs launched at the same moment, both finding no owner: the one whose mark is not there stops.
+    a.store.write_text(".owner", "outputs/b\n") if remote else (Path(url) / ".owner").write_text("outputs/b\n")
+    a.save(9, state(9))
+    with pytest.raises(JobError) as stopped:
+        a.wait()
+    assert str(stopped.value) == (
+        f"checkpoint.dir={url} now belongs to the run in outputs/b (its .owner), not to this one in outputs/a: two "
+        "runs were given the same checkpoint.dir; give each its own, then launch again"
+    )
+    assert not (run_a / "checkpoints" / "step_00000009.pt").exists() and not (Path(url) / "step_00000009.pt").exists()
+    own = Checkpointer(run_b / "checkpoints", config(""), is_writer=True)  # the run dir's own checkpoints/
+    own.claim(run_b)
+    assert not (run_b / "checkpoints" / ".owner").exists() and own.owner is None
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: meant
+def test_a_local_folder_of_shards_missing_another_nodes_shards_is_completed_from_the_store(
+    memory_url: str, tmp_path: Path, caplog
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    written = tmp_path / "written" / "step_00000005"
+    dcp.save({"model": {"w": torch.ones(4)}}, checkpoint_id=written, no_dist=True)
+    torch.save({"step": 5, "epoch": 0, "samples_in_epoch": 5}, written / "trainer.pt")
+    CheckpointStore(memory_url, 1.0).upload(written, written.name)
+    local = tmp_path / "node0" / "checkpoints"
+    shutil.copytree(written, local / written.name)
+    shards = sorted(item.name for item in written.glob("*.distcp"))
+    (local / written.name / shards[0]).unlink()  # without a shared disk: another node's shard is not here
+    caplog.set_level(logging.INFO)
+    path, payload = Checkpointer(local, config(memory_url), is_writer=True).find_resume_payload()
+    assert path == local / written.name and payload["step"] == 5
+    assert (path / shards[0]).is_file(), "the missing shard brought down from the store"
+    assert caplog.messages[-1].startswith(f"resuming from the store's {memory_url}/step_00000005, brought down")

@@ -34,12 +34,29 @@ NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of
 TMP_PREFIX = ".tmp_"
 TRAINER_FILE, METADATA_FILE = "trainer.pt", ".metadata"  # in a folder of shards: all but the tensors; DCP's
 BEST_FILE = "best.json"  # checkpoint.keep_best's checkpoints, best first (writer.py)
+OWNER_FILE = ".owner"  # in a checkpoint.dir (a folder or a store's prefix): the run dir of the run it belongs to
 
 
 def local_folder(run_dir: Path, config: CheckpointConfig) -> Path:
     """Where this machine writes the checkpoints: `checkpoint.dir` where it is a folder, else the run
     dir's checkpoints/ (with an object store, the copy that goes up: store.py)."""
     return Path(config.dir) if config.dir and not is_remote(config.dir) else run_dir / CHECKPOINTS_DIR
+
+
+def owner_id(run_dir: Path) -> str:
+    """How a run is named in an OWNER_FILE: its run dir, relative to the working dir where it lies below it
+    (the same on every machine that launches from the project: a requeued or relaunched job matches), else
+    absolute."""
+    absolute = Path(os.path.abspath(run_dir))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+def step_of(name: str) -> int:
+    """The step of a checkpoint's name (NAME_PATTERN's)."""
+    return int(NAME_PATTERN.match(name).group(1))  # type: ignore[union-attr]
 
 
 def checkpoint_name(step: int) -> str:

@@ -46,8 +46,10 @@ class CheckpointManager:
     """The run's checkpoints: what goes in (from the strategy and the owners), when, and the resume."""
 
     def __init__(self, folder: Path, config: CheckpointConfig, env: DistEnv, strategy: Any,
-                 owners: list[Stateful], plain_config: dict[str, Any], epochs: int) -> None:  # fmt: skip
+                 owners: list[Stateful], plain_config: dict[str, Any], epochs: int,
+                 run_dir: Path | None = None) -> None:  # fmt: skip
         self.config, self.env, self.strategy, self.owners = config, env, strategy, owners
+        self.run_dir = run_dir  # the run checkpoint.dir must belong to (writer.claim)
         self.plain_config, self.epochs = plain_config, epochs
         self.writer = strategy.checkpointer(folder, config, is_writer=env.is_main)  # files.py, sharded.py
         self.writer.save_config(plain_config)
@@ -116,7 +118,10 @@ class CheckpointManager:
 
     def resume(self) -> tuple[Path, dict[str, Any]] | None:
         """Load the checkpoint checkpoint.resume names (the run dir's newest, by default); None if none.
-        A sharded one whose shards fail to load (every rank learns it) is set aside for the one before."""
+        A sharded one whose shards fail to load (every rank learns it) is set aside for the one before.
+        First, checkpoint.dir must be this run's, and is marked so at first use."""
+        if self.run_dir is not None:
+            self.writer.claim(self.run_dir)
         skip: set[Path] = set()
         while found := agree_on_checkpoint(self.writer.find_resume_payload(frozenset(skip)), self.env):
             try:

@@ -7,7 +7,10 @@ node, with an empty local disk, finds the newest whole one there and brings it d
   goes up last; a folder without it (an upload cut by a kill) is never resumed, and is removed
   with the checkpoints `keep_last` prunes.
 - A store that fails is retried with back-off for `checkpoint.store_retry_s`; then the job stops
-  with one line naming the last checkpoint there (JobError). What was there stays.
+  with one line (JobError) naming the newest checkpoint the store lists then (listed once more to
+  say it: a store that came back empty holds none), and the local copies, which stay.
+- The store and the local folder are one history: a resume takes the newest whole checkpoint of
+  either (writer.py).
 - Credentials come from the client's own environment and files (storage.py): nothing here sees one,
   and the URL is redacted wherever it is printed.
 """
@@ -35,11 +38,12 @@ MAX_WAIT_S = 15.0
 class CheckpointStore:
     """A checkpoint folder in an object store, mirrored from a local one."""
 
-    def __init__(self, url: str, retry_s: float) -> None:
+    def __init__(self, url: str, retry_s: float, local: Path | None = None) -> None:
         self.url = url.rstrip("/")
         self.shown = redact_text(self.url)
         self.retry_s = retry_s
-        self.fs, self.root = filesystem(self.url)
+        self.local = local  # the local copies, named in the stop line
+        self.fs, self.root = filesystem(self.url, "checkpoint.dir")
         self.last_uploaded: str | None = None
 
     def retrying(self, what: str, action: Callable[[], T]) -> T:
@@ -51,34 +55,60 @@ class CheckpointStore:
             except Exception as error:  # botocore's, aiohttp's, OSError: the store's answer, whatever it is
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    last = f"{self.shown}/{self.last_uploaded}" if self.last_uploaded else "none"
                     raise JobError(
                         f"checkpoint.dir={self.shown}: {what} failed for {self.retry_s:.0f} s "
-                        f"({redact_text(first_line(error))}); the last checkpoint saved there: {last}, intact; "
-                        "fix the store (address, credentials, space), then launch again to resume from it"
+                        f"({redact_text(first_line(error))}); {self.what_is_there()}; fix the store (address, "
+                        "credentials, space), then launch again to resume from the newest of the store and the "
+                        "local copies"
                     ) from None
                 log.warning("checkpoint store: %s failed (%s); retrying in %.1f s", what, first_line(error), wait)
                 self.fs.invalidate_cache()
                 time.sleep(min(wait, remaining))
                 wait = min(2 * wait, MAX_WAIT_S)
 
+    def what_is_there(self) -> str:
+        """For the stop line: the newest checkpoint the store lists now (one listing, not retried: what was
+        uploaded may be gone, as from a store that came back empty), and where the local copies are."""
+        local = f"; the local copies in {self.local} stay" if self.local is not None else ""
+        try:
+            newest = self.listing()[:1]
+        except Exception:  # the store still fails: what it holds cannot be said
+            uploaded = f" (the last one uploaded: {self.shown}/{self.last_uploaded})" if self.last_uploaded else ""
+            return f"the store could not be listed to say which checkpoint it holds{uploaded}{local}"
+        there = f"the newest checkpoint there: {self.shown}/{newest[0]}" if newest else "the store holds no checkpoint"
+        return there + local
+
+    def listing(self) -> list[str]:
+        """The whole checkpoints in the store, newest (highest step) first; the store's error as it is."""
+        self.fs.invalidate_cache()
+        if not self.fs.exists(self.root):
+            return []
+        found = []
+        for entry in self.fs.ls(self.root, detail=True, refresh=True):
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if match := NAME_PATTERN.match(name):
+                whole = entry["type"] == "file" or self.fs.exists(f"{self.root}/{name}/{TRAINER_FILE}")
+                if whole:
+                    found.append((int(match.group(1)), name))
+        return [name for _, name in sorted(found, reverse=True)]
+
     def names(self) -> list[str]:
         """The whole checkpoints in the store, newest (highest step) first."""
+        return self.retrying("listing the checkpoints", self.listing)
 
-        def listing() -> list[str]:
-            self.fs.invalidate_cache()
-            if not self.fs.exists(self.root):
-                return []
-            found = []
-            for entry in self.fs.ls(self.root, detail=True, refresh=True):
-                name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-                if match := NAME_PATTERN.match(name):
-                    whole = entry["type"] == "file" or self.fs.exists(f"{self.root}/{name}/{TRAINER_FILE}")
-                    if whole:
-                        found.append((int(match.group(1)), name))
-            return [name for _, name in sorted(found, reverse=True)]
+    def read_text(self, name: str) -> str | None:
+        """A small object of the prefix (the owner marker) as text; None where there is none."""
 
-        return self.retrying("listing the checkpoints", listing)
+        def read() -> str | None:
+            try:
+                return self.fs.cat_file(f"{self.root}/{name}").decode()
+            except FileNotFoundError:
+                return None
+
+        return self.retrying(f"reading {name}", read)
+
+    def write_text(self, name: str, text: str) -> None:
+        self.retrying(f"saving {name}", lambda: self.fs.pipe_file(f"{self.root}/{name}", text.encode()))
 
     def upload(self, local: Path, name: str, files: list[str] | None = None) -> None:
         """A local checkpoint up: a file as one object; a folder's `files` (all of them by default) with

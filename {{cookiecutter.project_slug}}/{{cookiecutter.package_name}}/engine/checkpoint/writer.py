@@ -1,7 +1,10 @@
 """The writer of a run's checkpoints (a `step_<N>.pt` per checkpoint, by global rank 0), in the
 background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, found for a resume.
 The sharded strategies' writer (sharded.py) extends it. With `checkpoint.dir` an object store, each
-checkpoint goes up once whole and a resume brings the newest down (store.py)."""
+checkpoint goes up once whole (store.py), and the local folder and the store are one history: a resume
+takes the newest whole checkpoint of either, brought down when it is the store's. A `checkpoint.dir`
+(a folder or a store's prefix) belongs to the run that first used it (its OWNER_FILE names the run dir):
+another run is refused, so that no run resumes, overwrites or prunes another's checkpoints."""
 
 from __future__ import annotations
 
@@ -22,12 +25,15 @@ from ...errors import ConfigError, JobError, first_line
 from ...storage import is_remote
 from .files import (
     BEST_FILE,
+    OWNER_FILE,
     TMP_PREFIX,
     NotACheckpoint,
     checkpoint_name,
     list_checkpoints,
     load_checkpoint,
+    owner_id,
     remove,
+    step_of,
     to_cpu,
     write_atomically,
     write_text_atomically,
@@ -44,7 +50,8 @@ class Checkpointer:
         self.folder = folder
         self.config = config
         self.is_writer = is_writer
-        self.store = CheckpointStore(config.dir, config.store_retry_s) if is_remote(config.dir) else None
+        self.store = CheckpointStore(config.dir, config.store_retry_s, folder) if is_remote(config.dir) else None
+        self.owner: str | None = None  # this run's name in checkpoint.dir's OWNER_FILE, once claimed
         self.fetches = is_writer if fetches is None else fetches  # brings the store's checkpoint down to resume
         self.last_saved_step: int | None = None
         self._thread: threading.Thread | None = None
@@ -96,6 +103,7 @@ class Checkpointer:
     def _write(self, payload: dict[str, Any], path: Path, step: int) -> None:
         try:
             started = time.perf_counter()
+            self.check_still_owner()
             write_atomically(payload, path)
             self._written(path, step, started)
         except BaseException as error:  # re-raised on the training thread by wait()
@@ -104,6 +112,8 @@ class Checkpointer:
     def _written(self, path: Path, step: int, started: float, upload: bool = True) -> None:
         """On the writer thread, once a checkpoint is complete under its name: up to the store (if
         any), count it, tell the callbacks, prune."""
+        if not upload:  # a folder of shards (sharded.py): not checked before it was written
+            self.check_still_owner()
         if self.store is not None and upload:
             self.store.upload(path, path.name)
         self._valid.add(path)
@@ -168,6 +178,65 @@ class Checkpointer:
                 "intact: free some space or fix the run dir's permissions, then launch again"
             ) from error
 
+    def read_owner(self) -> str | None:
+        """The run dir that checkpoint.dir's OWNER_FILE names; None where it has none."""
+        if self.store is not None:
+            text = self.store.read_text(OWNER_FILE)
+        else:
+            text = (self.folder / OWNER_FILE).read_text() if (self.folder / OWNER_FILE).is_file() else None
+        return text.strip() if text is not None else None
+
+    def check_owner(self, run_dir: Path | None) -> str | None:
+        """One line where checkpoint.dir belongs to another run than the one in `run_dir` (None: a run dir
+        not made yet); its owner, where it has one. The run dir's own checkpoints/ (checkpoint.dir="") is
+        the run's by where it lies: not checked."""
+        if not self.config.dir:
+            return None
+        owner, mine = self.read_owner(), owner_id(run_dir) if run_dir is not None else None
+        if owner is not None and owner != mine:
+            where = self.store.shown if self.store is not None else self.config.dir
+            raise ConfigError(
+                f"checkpoint.dir={where} belongs to the run in {owner} (its {OWNER_FILE} says so), not to this "
+                f"one in {mine or 'a new run dir'}: give this run a checkpoint.dir of its own, or launch with "
+                f"RUN_DIR={owner} to continue that run"
+            )
+        return owner
+
+    def claim(self, run_dir: Path) -> None:
+        """Before a resume: checkpoint.dir must be this run's (check_owner); the writer marks it so at
+        first use. A relaunch (a torchrun restart, a Slurm requeue, a job moved to another machine) with
+        the same run dir is the same run."""
+        owner = self.check_owner(run_dir)
+        if self.config.dir:
+            self.owner = owner_id(run_dir)
+        if self.is_writer and self.config.dir and owner is None:
+            self.write_owner()
+
+    def write_owner(self) -> None:
+        if self.store is not None:
+            self.store.write_text(OWNER_FILE, f"{self.owner}\n")
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_text_atomically(f"{self.owner}\n", self.folder / OWNER_FILE)
+
+    def check_still_owner(self) -> None:
+        """Before each checkpoint: a run launched at the same moment with the same checkpoint.dir may have
+        claimed it too; the one whose mark is not there stops rather than mix checkpoints with it. A mark
+        that is gone (a store that came back empty) is written again."""
+        if self.owner is None:
+            return
+        owner = self.read_owner()
+        if owner is None:
+            self.write_owner()
+        elif owner != self.owner:
+            where = self.store.shown if self.store is not None else self.config.dir
+            raise JobError(
+                f"checkpoint.dir={where} now belongs to the run in {owner} (its {OWNER_FILE}), not to this one "
+                f"in {self.owner}: two runs were given the same checkpoint.dir; give each its own, then launch "
+                "again",
+                exit_code=2,
+            )
+
     def find_resume_payload(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh.
         `skip`: checkpoints that failed to load (a corrupt shard).
@@ -196,17 +265,39 @@ class Checkpointer:
         return found
 
     def newest_readable(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
-        if self.store is not None:  # the store's checkpoints, brought down on first use; others get it sent
-            names = self.store.names() if self.fetches else []
-            paths = (self.folder / name for name in names if self.folder / name not in skip)
-            return next(filter(None, (self.readable(self.store.download(path.name, self.folder)) for path in paths)),
-                        None)  # fmt: skip
-        for path in list_checkpoints(self.folder):
-            if path in skip:
-                continue
-            if found := self.readable(path):
+        """The newest whole, readable checkpoint of the local folder and (with a store) the store's, one
+        history: the store's is brought down when it is the newer (or the local copy of that step is not
+        whole); on a tie the local one is taken. With a store, a line says which and why."""
+        local = [path for path in list_checkpoints(self.folder) if path not in skip]
+        stored = self.store.names() if self.store is not None and self.fetches else []
+        stored = [name for name in stored if self.folder / name not in skip]
+        candidates = [(step_of(path.name), 0, path.name) for path in local]
+        candidates += [(step_of(name), 1, name) for name in stored]
+        candidates.sort(key=lambda item: (-item[0], item[1]))  # the newest first; on a tie the local copy
+        for _, in_store, name in candidates:
+            if in_store:
+                found = self.readable(self.store.download(name, self.folder))  # type: ignore[union-attr]
+            elif self.store is not None and not has_every_shard(self.folder / name):
+                continue  # another node's shards are only in the store: the store's copy of the step, next
+            else:
+                found = self.readable(self.folder / name)
+            if found is not None:
+                self.say_which(name, bool(in_store), local, stored)
                 return found
         return None
+
+    def say_which(self, name: str, in_store: bool, local: list[Path], stored: list[str]) -> None:
+        """With a store: the log line that says which of the two a resume takes, and why."""
+        if self.store is None or not self.fetches:
+            return
+        store_newest = f"{self.store.shown}/{stored[0]}" if stored else "none"
+        local_newest = str(local[0]) if local else "none"
+        if in_store:
+            log.info("resuming from the store's %s/%s, brought down: the newest of the store and the local "
+                     "checkpoints (the local newest: %s)", self.store.shown, name, local_newest)  # fmt: skip
+        else:
+            log.info("resuming from the local %s: the newest of the local checkpoints and the store (the store's "
+                     "newest: %s)", self.folder / name, store_newest)  # fmt: skip
 
     def readable(self, path: Path) -> tuple[Path, dict[str, Any]] | None:
         try:
@@ -228,6 +319,19 @@ class Checkpointer:
                 f"checkpoint.resume=never but {where} already holds checkpoints ({existing[0]}); "
                 "start a new run dir (leave RUN_DIR out) or use checkpoint.resume=auto to continue it"
             )
+
+
+def has_every_shard(path: Path) -> bool:
+    """Whether a local checkpoint holds all of itself: a file does; a folder of shards holds every rank's
+    shard file its metadata names (without a shared disk, a node holds only its own ranks' shards)."""
+    if not path.is_dir():
+        return True
+    from .sharded import shard_files  # torch.distributed.checkpoint: slow to import
+
+    try:
+        return all((path / name).is_file() for name in shard_files(path))
+    except Exception:  # no metadata, or unreadable: not whole here
+        return False
 
 
 def is_storage_error(error: BaseException | None) -> bool:
