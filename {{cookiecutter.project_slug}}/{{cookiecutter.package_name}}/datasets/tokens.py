@@ -1,11 +1,13 @@
 """A text corpus as token files that training memory-maps: no rank holds the corpus in memory.
 
-Prepared once (`python -m <package>.datasets.prepare tokens CORPUS OUT`, prepare.py): the
-corpus that `data=text` reads, split by file by the same rule, streamed file by file into OUT/train.bin and
-OUT/val.bin, with OUT/meta.json saying how. Tokens are bytes today (a vocabulary of 256); meta.json names
-the tokenizer and the dtype, so a tokenizer's ids can be written the same way. Training (`data=tokens`)
-draws the same windows as `data=text` does from the same corpus, read from the map of each file, which
-each process (and each DataLoader worker) opens on its first window.
+Prepared once (`python -m <package>.datasets.prepare tokens CORPUS OUT`, prepare.py): the corpus that
+`data=text` reads, split by file by the same rule, streamed file by file into OUT/train.bin and
+OUT/val.bin, with OUT/meta.json saying how, and an id, new at each prepare, that a checkpoint records
+(engine/compatibility.py: a resume on data prepared again is refused). Tokens are bytes today (a
+vocabulary of 256); meta.json names the tokenizer and the dtype, so a tokenizer's ids can be written
+the same way. Training (`data=tokens`) draws the same windows as `data=text` does from the same
+corpus, read from the map of each file, which each process (and each DataLoader worker) opens on its
+first window.
 """
 
 from __future__ import annotations
