@@ -13,6 +13,7 @@ first window.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -132,7 +133,8 @@ def locked_folder(out: Path) -> tuple[Path, int]:
         except FileExistsError:
             continue
     lock = os.open(folder, os.O_RDONLY)
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    with contextlib.suppress(OSError):  # a file system without flock on folders (some NFS): nothing is
+        fcntl.flock(lock, fcntl.LOCK_EX)  # removed there, as no lock can be taken (remove_stale_folders)
     return folder, lock
 
 
