@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.datasets import shard_cache
 from {{cookiecutter.package_name}}.datasets.shard_cache import ShardCache, cache_folder
 from {{cookiecutter.package_name}}.errors import JobError
 
@@ -103,6 +104,7 @@ def test_a_download_that_dies_halfway_leaves_no_shard_and_a_bad_size_is_refused(
         raise ConnectionError("the connection dropped")
 
     monkeypatch.setattr(fs, "get_file", dies_halfway)
+    monkeypatch.setattr(shard_cache, "RETRY_S", 0)  # no retry: test_a_store_that_fails_for_a_while_is_retried
     with pytest.raises(JobError, match="s1.pt could not be fetched .*ConnectionError: the connection dropped"):
         cache.open("s1.pt", SIZE)
     assert cached(tmp_path) == [], "nothing under the shard's name"
@@ -122,3 +124,41 @@ def test_the_cache_pickles_without_its_client_and_its_folder_is_per_data_set(sto
     assert folder == cache_folder("", "s3://bucket/data", "id1"), "the ranks of a node share one folder"
     assert folder != cache_folder("", "s3://bucket/data", "id2") != cache_folder("", "s3://bucket/other", "id1")
     assert cache_folder(str(tmp_path), "s3://bucket/data", "id1").parent == tmp_path
+
+
+class Clock:
+    """time.monotonic and time.sleep for shard_cache: a sleep moves the clock on at once, and is listed."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_store_that_fails_for_a_while_is_retried_with_doubling_waits_then_stops_in_one_line(
+    store: Path, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    cache = ShardCache(str(store), tmp_path / "cache", limit_bytes=10 * SIZE)
+    fs, _ = cache.remote("x")
+    original, failures = fs.get_file, [3]
+
+    def down_for_a_while(remote: str, local: str) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionError("connection refused")
+        original(remote, local)
+
+    monkeypatch.setattr(fs, "get_file", down_for_a_while)
+    monkeypatch.setattr(shard_cache, "time", clock := Clock())
+    assert use(cache, "s1.pt") == bytes([1]) * SIZE
+    assert clock.sleeps == [0.5, 1.0, 2.0] and "retrying in 1.0 s" in caplog.text
+    failures[0], clock.sleeps = 1000, []  # down for good: stops after RETRY_S, the last wait cut to fit
+    with pytest.raises(JobError, match=r"s2.pt could not be fetched for 120 s \(ConnectionError: connection refused\)"):
+        cache.open("s2.pt", SIZE)
+    assert clock.sleeps == [0.5, 1, 2, 4, 8, 15, 15, 15, 15, 15, 15, 14.5] and sum(clock.sleeps) == 120
+    assert cached(tmp_path) == ["s1.pt"]

@@ -51,6 +51,18 @@ def test_an_image_folder_becomes_shards_of_the_items_image_folder_gives(tmp_path
     with pytest.raises(ConfigError, match="holds 3 classes, data.num_classes=10"):
         sharded(str(out), num_classes=10)
     assert prepare(args) == 2, "a prepared data set is never written over"
+    prepared_id = json.loads((out / "index.json").read_text())["id"]
+    assert train.prepared == {"root": str(out), "id": prepared_id}, "what a checkpoint records of it"
+
+
+def test_an_image_that_does_not_read_is_named_in_one_line(tmp_path: Path, capsys) -> None:
+    source = write_image_tree(tmp_path / "images", 2, 3, 1, (12, 10))
+    (source / "train" / "class_1" / "2.png").write_bytes(b"not an image")
+    assert prepare(["shards", str(source), str(tmp_path / "shards"), "--kind", "images"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {source / 'train' / 'class_1' / '2.png'} is not a readable image (")
+    assert err.endswith("): fix or remove it, then prepare again\n") and err.count("\n") == 1, err
+    assert not (tmp_path / "shards" / "index.json").exists()
 
 
 def test_a_corpus_becomes_windows_that_hold_every_byte_of_each_split(tmp_path: Path) -> None:
@@ -65,6 +77,10 @@ def test_a_corpus_becomes_windows_that_hold_every_byte_of_each_split(tmp_path: P
         assert all(x.dtype == torch.long and x.shape == (16,) and torch.equal(x[1:], y[:-1]) for x, y in items)
         starts = sorted(bytes(torch.cat([x, y[-1:]]).tolist()) for x, y in items)
         assert starts == sorted(stream[begin : begin + 17] for begin in range(0, len(stream) - 16, 16))
+    assert prepare(["tokens", str(source), str(source / "tokens")]) == 0  # prepared data inside the corpus
+    assert prepare([*args[:2], str(source / "again"), *args[3:]]) == 0
+    again, _ = sharded(str(source / "again"))
+    assert again.shard_sizes == train.shard_sizes, "neither the token folder nor OUT read as text"
     with pytest.raises(ConfigError, match="windows of 16 bytes, data.block_size=64"):
         sharded(str(out), block_size=64)
     assert prepare(["shards", str(tmp_path / "nowhere"), str(tmp_path / "other"), "--kind", "text"]) == 2

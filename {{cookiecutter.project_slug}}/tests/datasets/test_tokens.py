@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -133,7 +134,64 @@ def test_a_folder_prepare_did_not_write_is_refused_in_one_line_that_says_what_to
         prepare_tokens(str(tmp_path / "corpus" / "part_0" / "file_00.txt"), tmp_path / "other")
 
 
-def test_the_language_model_trains_on_token_files(in_process, monkeypatch, tmp_path: Path) -> None:
+def test_a_killed_prepare_leaves_a_hidden_folder_the_next_one_removes_but_never_one_in_use(tmp_path: Path) -> None:
+    corpus, out = str(write_corpus(tmp_path / "corpus")), tmp_path / "tokens"
+    killed = (f"import os; from {tokens_module.__name__} import prepare_tokens; import {tokens_module.__name__} as t; "
+              "t.write_splits = lambda files, folder, *rest: ((folder / 'train.bin').write_bytes(b'half'), "
+              f"os._exit(9)); prepare_tokens({corpus!r}, __import__('pathlib').Path({str(out)!r}))")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", killed], cwd=os.getcwd()).returncode == 9  # as a kill -9 ends it
+    (litter,) = [path for path in tmp_path.iterdir() if path.name.startswith(".tokens.prepare-")]
+    assert (litter / "train.bin").read_bytes() == b"half", "what the issue found: a half-written folder"
+    running, lock = tokens_module.locked_folder(out)  # another prepare's, still writing
+    try:
+        prepare_tokens(corpus, out)
+        assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["corpus", "tokens", running.name])
+    finally:
+        os.close(lock)
+
+
+def test_out_inside_the_corpus_is_not_read_back_and_the_folder_gets_the_usual_modes(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    mask = os.umask(0o022)
+    try:
+        first = prepare_tokens(str(corpus), corpus / "tokens")
+        second = prepare_tokens(str(corpus), corpus / "tokens", force=True)
+    finally:
+        os.umask(mask)
+    assert (second["train_tokens"], second["files"]) == (first["train_tokens"], 12), "the first OUT not folded in"
+    assert [oct(path.stat().st_mode & 0o777) for path in sorted([corpus / "tokens", *(corpus / "tokens").iterdir()])] \
+        == ["0o755", "0o644", "0o644", "0o644"], "the umask's modes, as any folder a user writes"  # fmt: skip
+    prepare_tokens(str(corpus), tmp_path / "elsewhere")
+    assert prepare_tokens(str(corpus / "**"), corpus / "again")["train_tokens"] == first["train_tokens"], "nor by glob"
+
+
+def test_a_corpus_of_empty_files_or_an_empty_split_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for number in range(3):
+        (corpus / f"{number}.txt").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"its 3 files are all empty: give a corpus of text$"):
+        prepare_tokens(str(corpus), tmp_path / "tokens")
+    (corpus / "1.txt").write_bytes(b"text " * 50)  # training holds it; validation (file 0) holds nothing
+    with pytest.raises(ConfigError, match=r"its validation split \(every 10th file by path is validation\) would"):
+        prepare_tokens(str(corpus), tmp_path / "tokens")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_each_prepare_gives_the_folder_a_new_id_a_checkpoint_records(tmp_path: Path) -> None:
+    corpus, out = str(write_corpus(tmp_path / "corpus")), tmp_path / "tokens"
+    first = prepare_tokens(corpus, out)
+    train, val = token_windows(str(out), block_size=16, train_samples=20, val_samples=7)
+    assert train.prepared == val.prepared == {"root": str(out), "id": first["id"]}
+    again = prepare_tokens(corpus, out, force=True)  # the same corpus, the same sizes: still another preparation
+    assert token_windows(str(out), 16, 20, 7)[0].prepared["id"] == again["id"] != first["id"]
+    del again["id"]
+    (out / "meta.json").write_text(json.dumps(again))  # a folder of before the id: its meta.json's hash
+    older = token_windows(str(out), 16, 20, 7)[0].prepared["id"]
+    assert older == token_windows(str(out), 16, 20, 7)[0].prepared["id"] and len(older) == 32
+
+
+def test_the_language_model_trains_on_token_files(in_process, monkeypatch, tmp_path: Path, capsys) -> None:
     prepare_tokens(str(write_corpus(tmp_path / "corpus", files=24)), tmp_path / "tokens")
     overrides = ["task=language_model", "data=tokens", f"data.root={tmp_path / 'tokens'}", "data.block_size=16",
                  "data.train_samples=32", "data.val_samples=8", "data.batch_size=16", "model.layers=1",
@@ -145,3 +203,13 @@ def test_the_language_model_trains_on_token_files(in_process, monkeypatch, tmp_p
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "val" and records[-1]["val_samples"] == 8
     assert (tmp_path / "run" / FINISHED_MARKER).read_text().strip() == "2", "2 steps of 16 windows"
+    prepare_tokens(str(write_corpus(tmp_path / "other", files=24, seed=1)), tmp_path / "tokens", force=True)
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["train.py", *overrides, "trainer.epochs=2"])  # go on, on other data
+    with pytest.raises(SystemExit) as stopped:
+        train_entry.main()
+    assert stopped.value.code == 2 and in_process == [0]
+    err = capsys.readouterr().err
+    assert f"data.root={tmp_path / 'tokens'} was prepared again since the checkpoint was written" in err, err
+    assert "checkpoint.allow_changes=[data.root]" in err
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == len(records), "nothing trained"

@@ -7,7 +7,11 @@ import os
 import pytest
 
 from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
-from {{cookiecutter.package_name}}.engine.compatibility import check_resumable, check_same_config_everywhere
+from {{cookiecutter.package_name}}.engine.compatibility import (
+    SamePreparedData,
+    check_resumable,
+    check_same_config_everywhere,
+)
 from {{cookiecutter.package_name}}.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.placement import DistEnv
 
@@ -121,3 +125,20 @@ def test_model_init_from_is_read_by_a_new_run_only_and_new_settings_at_their_def
     for key in ("max_steps", "val_every_n_steps", "ema"):
         del older["trainer"][key]
     assert resume(older, plain()) == []
+
+
+def test_prepared_data_prepared_again_under_the_same_root_is_refused_unless_accepted() -> None:
+    saved = SamePreparedData({"root": "data/tokens", "id": "a" * 32}, []).state_dict()
+    assert saved == {"prepared_data": "a" * 32}, "the id only: a store's root may hold a key"
+    SamePreparedData({"root": "data/moved", "id": "a" * 32}, []).load_state_dict(saved)  # the same data, moved
+    with pytest.raises(ConfigError) as refused:
+        SamePreparedData({"root": "data/tokens", "id": "b" * 32}, []).load_state_dict(saved)
+    message = str(refused.value)
+    assert message.startswith("data.root=data/tokens was prepared again since the checkpoint was written (its id "
+                              "bbbbbbbbbbbb, the checkpoint's aaaaaaaaaaaa)") and "\n" not in message  # fmt: skip
+    assert message.endswith("or accept it: checkpoint.allow_changes=[data.root]")
+    for allowed in (["data.root"], ["data"]):
+        SamePreparedData({"root": "data/tokens", "id": "b" * 32}, allowed).load_state_dict(saved)
+    SamePreparedData({"root": "data/tokens", "id": "b" * 32}, []).load_state_dict({})  # a checkpoint of before
+    SamePreparedData(None, []).load_state_dict(saved)  # data=text now: data.* keys tell the change
+    assert SamePreparedData(None, []).state_dict() == {}

@@ -14,6 +14,8 @@ from torch.utils.data import Dataset
 from ..errors import ConfigError
 from ..randomness import current_sample, sample_seed
 
+PREPARING = ".prepare-"  # in the name of the hidden folders prepare writes beside OUT (tokens.py)
+
 
 def stdlib_sources() -> list[Path]:
     """The Python standard library's own .py files (tests and site-packages left out): a text
@@ -28,16 +30,39 @@ def stdlib_sources() -> list[Path]:
     )
 
 
-def text_files(root: str | None) -> list[Path]:
-    """The corpus: a folder (every file below it), a glob pattern, or None for the stdlib's sources."""
+def text_files(root: str | None, exclude: tuple[Path, ...] = ()) -> list[Path]:
+    """The corpus: a folder (every file below it), a glob pattern, or None for the stdlib's sources;
+    never the files of data prepared from it (a token folder, a set of shards, one being written,
+    or the folders `exclude` names): prepare's OUT inside CORPUS is not read back as text."""
     if root is None:
         return stdlib_sources()
     if any(char in root for char in "*?["):
-        return sorted(Path(path) for path in glob.glob(root, recursive=True) if Path(path).is_file())
-    folder = Path(root)
-    if not folder.is_dir():
-        raise ConfigError(f"data.root={root} is neither a folder nor a glob pattern that matches files")
-    return sorted(path for path in folder.rglob("*") if path.is_file())
+        files = sorted(Path(path) for path in glob.glob(root, recursive=True) if Path(path).is_file())
+    else:
+        folder = Path(root)
+        if not folder.is_dir():
+            raise ConfigError(f"data.root={root} is neither a folder nor a glob pattern that matches files")
+        files = sorted(path for path in folder.rglob("*") if path.is_file())
+    excluded = {path.resolve() for path in exclude}
+    verdicts: dict[Path, bool] = {}
+
+    def left_out(folder: Path) -> bool:  # the folder, or one above it, is prepared data
+        if folder not in verdicts:
+            verdicts[folder] = folder.resolve() in excluded or is_prepared(folder) or (
+                folder.parent != folder and left_out(folder.parent))  # fmt: skip
+        return verdicts[folder]
+
+    return [path for path in files if not left_out(path.parent)]
+
+
+def is_prepared(folder: Path) -> bool:
+    """Whether `folder` holds data prepare wrote: a token folder (meta.json, train.bin, val.bin), a set
+    of shards (index.json, train-00000.pt), or a hidden folder prepare is writing or left behind."""
+    return (
+        (folder.name.startswith(".") and PREPARING in folder.name)
+        or all((folder / name).is_file() for name in ("meta.json", "train.bin", "val.bin"))
+        or all((folder / name).is_file() for name in ("index.json", "train-00000.pt"))
+    )
 
 
 class TextWindows(Dataset):

@@ -2,7 +2,8 @@
 ranks and their DataLoader workers, the folder kept under a size limit.
 
 - A fetch writes a hidden part file, then renames it: a kill mid-download leaves no file under a
-  shard's name, so a reader finds a whole shard or none.
+  shard's name, so a reader finds a whole shard or none. A store that fails is retried with waits
+  that double, for RETRY_S at most (as checkpoints are, engine/checkpoint/store.py); then one line.
 - A lock file per shard (flock, released by the kernel when its holder dies): of two processes that
   need one shard, one downloads it and the other waits, then finds it there.
 - A process holds a shared lock on each shard it reads; eviction takes an exclusive lock without
@@ -15,14 +16,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import JobError, first_line
+from ..redaction import redact_text
 from ..storage import filesystem
+
+log = logging.getLogger(__name__)
+RETRY_S = 120.0  # how long a failing store is retried before the job stops (a store's restart fits)
+FIRST_WAIT_S = 0.5  # the first retry's wait; each one after waits twice as long, up to MAX_WAIT_S
+MAX_WAIT_S = 15.0
 
 
 def cache_folder(cache_dir: str, root: str, dataset_id: str) -> Path:
@@ -75,17 +84,34 @@ class ShardCache:
         with self.locked(name):
             if path.exists():
                 return
-            fs, remote = self.remote(name)
-            try:
-                fs.get_file(remote, str(part))
-            except Exception as error:  # botocore's, aiohttp's, OSError: all say why
-                raise JobError(f"shard {self.url}/{name} could not be fetched ({first_line(error)})") from error
+            self.download(name, part)
             if (got := part.stat().st_size) != size:
                 part.unlink()
                 raise JobError(f"shard {self.url}/{name} is {got} bytes, its index.json says {size}: the "
                                "data set changed after it was prepared; prepare it again to a new folder")  # fmt: skip
             os.replace(part, path)
         self.evict(keep=name)
+
+    def download(self, name: str, part: Path) -> None:
+        """Shard `name` into `part`, retried while the store fails (a restart, a network blip), waits
+        doubling from FIRST_WAIT_S, for RETRY_S at most; then one line (JobError)."""
+        deadline, wait = time.monotonic() + RETRY_S, FIRST_WAIT_S
+        while True:
+            fs, remote = self.remote(name)
+            try:
+                fs.get_file(remote, str(part))
+                return
+            except Exception as error:  # botocore's, aiohttp's, OSError: all say why
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise JobError(f"shard {redact_text(self.url)}/{name} could not be fetched for {RETRY_S:.0f} s "
+                                   f"({redact_text(first_line(error))}): fix the store (address, credentials), "
+                                   "then launch again to resume") from error  # fmt: skip
+                log.warning("shard %s could not be fetched (%s); retrying in %.1f s", name,
+                            redact_text(first_line(error)), wait)  # fmt: skip
+                fs.invalidate_cache()
+                time.sleep(min(wait, remaining))
+                wait = min(2 * wait, MAX_WAIT_S)
 
     @contextlib.contextmanager
     def locked(self, name: str) -> Iterator[None]:

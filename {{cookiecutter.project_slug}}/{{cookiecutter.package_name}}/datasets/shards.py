@@ -10,7 +10,8 @@ seq_len + 1 bytes, overlapping by one, so that the windows of a split together h
 Training (`data=shards`) reads the items image_folder's and text's are: normalised float images and
 integer labels; (bytes, the same shifted by one) as int64. A set is map-style: item i is found through
 the index, its shard loaded (memory-mapped) from the folder or, for a store, from the node's cache
-(shard_cache.py). Its `shard_sizes` make the sampler's order shard-aware (engine/sampler.py).
+(shard_cache.py). Its `shard_sizes` make the sampler's order shard-aware (engine/sampler.py); its
+`prepared` (the index's id) is what a checkpoint records of the data (engine/compatibility.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError, say
+from ..errors import ConfigError, first_line, say
 from ..storage import check_reachable, filesystem, is_remote
 from .images import check_image_tree, normalise
 from .shard_cache import ShardCache, cache_folder
@@ -84,7 +85,7 @@ def image_splits(source: str, image_size: int) -> tuple[dict[str, tuple[int, Any
         classes = images.classes
 
         def gather(indices: torch.Tensor, images: Any = images) -> dict[str, torch.Tensor]:
-            items = [images[index] for index in indices.tolist()]
+            items = [read_image(images, index) for index in indices.tolist()]
             return {"images": torch.stack([image for image, _ in items]),
                     "labels": torch.tensor([label for _, label in items], dtype=torch.long)}  # fmt: skip
 
@@ -92,12 +93,23 @@ def image_splits(source: str, image_size: int) -> tuple[dict[str, tuple[int, Any
     return splits, {"classes": classes, "image_size": image_size}
 
 
-def text_splits(source: str | None, seq_len: int, val_every: int) -> tuple[dict[str, tuple[int, Any]], dict[str, Any]]:
-    """The splits of a corpus, split by file as `text` splits it, as windows of seq_len + 1 bytes
-    that start every seq_len bytes."""
+def read_image(images: Any, index: int) -> tuple[torch.Tensor, int]:
+    """Item `index` of a torchvision ImageFolder; a file that is no image is one line naming it. The
+    shards written so far stay without an index: not a data set until a prepare finishes."""
+    try:
+        return images[index]
+    except Exception as error:  # PIL's UnidentifiedImageError, OSError of a truncated file, ...
+        raise ConfigError(f"{images.samples[index][0]} is not a readable image ({first_line(error)}): fix or "
+                          "remove it, then prepare again") from None  # fmt: skip
+
+
+def text_splits(source: str | None, seq_len: int, val_every: int,
+                exclude: tuple[Path, ...] = ()) -> tuple[dict[str, tuple[int, Any]], dict[str, Any]]:  # fmt: skip
+    """The splits of a corpus, split by file as `text` splits it (the folders `exclude` names and other
+    prepared data left out), as windows of seq_len + 1 bytes that start every seq_len bytes."""
     from .corpus import text_files
 
-    files = text_files(source)
+    files = text_files(source, exclude)
     if len(files) < 2:
         raise ConfigError(f"corpus {source}: found {len(files)} file(s); a text corpus needs at least 2")
     streams: tuple[bytearray, bytearray] = (bytearray(), bytearray())
@@ -140,7 +152,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     elif args.source != "stdlib" and not any(char in args.source for char in "*?[") and not Path(args.source).is_dir():
         raise ConfigError(f"SOURCE {args.source} is not a folder, a glob pattern or 'stdlib': give one of those")
     else:
-        splits, meta = text_splits(None if args.source == "stdlib" else args.source, args.seq_len, args.val_every)
+        exclude = () if is_remote(args.out) else (Path(args.out.removeprefix("file://")),)  # OUT inside SOURCE
+        splits, meta = text_splits(None if args.source == "stdlib" else args.source, args.seq_len, args.val_every,
+                                   exclude)  # fmt: skip
     index = write_shards(args.out, args.kind, splits, args.samples_per_shard, args.seed, **meta)
     counts = {split: sum(shard["samples"] for shard in index["splits"][split]) for split in SPLITS}
     say(f"{args.out}: {counts['train']:,} training and {counts['val']:,} validation samples in "
@@ -166,6 +180,7 @@ class ShardedSet(Dataset):
         self.starts = list(itertools.accumulate(self.shard_sizes, initial=0))
         self.opened: OrderedDict[int, tuple[int | None, dict[str, torch.Tensor]]] = OrderedDict()
         self.pid = os.getpid()
+        self.prepared: dict[str, str] | None = None  # {"root", "id"} of the data set: sharded() sets it
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -248,4 +263,5 @@ def sharded(root: str, cache_dir: str = "", cache_limit_gb: float = 10.0, shard_
                               f"{shard_window * largest / 1e9:.3g}")  # fmt: skip
         cache = ShardCache(root, cache_folder(cache_dir, root, index["id"]), int(cache_limit_gb * 1e9))
     train, val = (ShardedSet(root, index, split, cache, shard_window) for split in SPLITS)
+    train.prepared = val.prepared = {"root": root, "id": index["id"]}  # new at each prepare: a checkpoint records it
     return train, val

@@ -1,27 +1,33 @@
 """A text corpus as token files that training memory-maps: no rank holds the corpus in memory.
 
-Prepared once (`python -m <package>.datasets.prepare tokens CORPUS OUT`, prepare.py): the
-corpus that `data=text` reads, split by file by the same rule, streamed file by file into OUT/train.bin and
-OUT/val.bin, with OUT/meta.json saying how. Tokens are bytes today (a vocabulary of 256); meta.json names
-the tokenizer and the dtype, so a tokenizer's ids can be written the same way. Training (`data=tokens`)
-draws the same windows as `data=text` does from the same corpus, read from the map of each file, which
-each process (and each DataLoader worker) opens on its first window.
+Prepared once (`python -m <package>.datasets.prepare tokens CORPUS OUT`, prepare.py): the corpus that
+`data=text` reads, split by file by the same rule, streamed file by file into OUT/train.bin and
+OUT/val.bin, with OUT/meta.json saying how, and an id, new at each prepare, that a checkpoint records
+(engine/compatibility.py: a resume on data prepared again is refused). Tokens are bytes today (a
+vocabulary of 256); meta.json names the tokenizer and the dtype, so a tokenizer's ids can be written
+the same way. Training (`data=tokens`) draws the same windows as `data=text` does from the same
+corpus, read from the map of each file, which each process (and each DataLoader worker) opens on its
+first window.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import glob
+import hashlib
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError, say
-from .corpus import TextWindows, text_files
+from .corpus import PREPARING, TextWindows, text_files
 
 FORMAT = 1
 SPLITS = ("train", "val")
@@ -35,30 +41,50 @@ PREPARE_COMMAND = f"python -m {__package__}.prepare tokens"
 
 def prepare_tokens(corpus: str | None, out: Path, val_every: int = 10, repeat: int = 1, force: bool = False) -> dict:
     """Write the token folder `out` from a corpus (text_files' rule: a folder, a glob, None for the
-    stdlib's sources), `repeat` times over, atomically: a temporary folder beside it, renamed at the
-    end. An existing `out` is refused unless `force`. Returns meta.json's contents."""
+    stdlib's sources; never `out` itself nor other prepared data inside it), `repeat` times over,
+    atomically: a hidden folder beside it, renamed at the end (one a killed prepare left is removed
+    by the next). An existing `out` is refused unless `force`. Returns meta.json's contents."""
     if val_every < 2 or repeat < 1:
         raise ConfigError(f"--val-every must be >= 2 and --repeat >= 1, got {val_every} and {repeat}")
     if out.exists() and not force:
         raise ConfigError(f"{out} exists: pass --force to replace it, or give another OUT")
     if corpus is not None and not any(char in corpus for char in "*?[") and not Path(corpus).is_dir():
         raise ConfigError(f"CORPUS {corpus} is not a folder, a glob pattern or '{STDLIB}': give one of those")
-    files = text_files(corpus)
+    files = text_files(corpus, exclude=(out,))
     if len(files) < 2:
         raise ConfigError(f"corpus {corpus}: found {len(files)} file(s); a text corpus needs at least 2")
+    check_splits(corpus, files * repeat, val_every)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    for stale in remove_stale_folders(out):
+        say(f"removed {stale}, a half-written folder of a prepare that stopped before its end")
+    staging, lock = locked_folder(out)
     try:
         counts = write_splits(files, staging, val_every, repeat)
         meta = {"format": FORMAT, "tokenizer": "bytes", "vocab_size": 256, "dtype": "uint8",
                 "train_tokens": counts[0], "val_tokens": counts[1], "files": len(files) * repeat,
-                "repeat": repeat, "val_every": val_every, "corpus": STDLIB if corpus is None else corpus}  # fmt: skip
+                "repeat": repeat, "val_every": val_every, "corpus": STDLIB if corpus is None else corpus,
+                "id": uuid.uuid4().hex}  # fmt: skip  # new at each prepare: a resume sees the data changed
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
     return meta
+
+
+def check_splits(corpus: str | None, files: list[Path], val_every: int) -> None:
+    """Refuse, before any writing, a corpus whose training or validation split would hold no bytes."""
+    sizes = [0, 0]
+    for number, path in enumerate(files):
+        sizes[number % val_every == 0] += path.stat().st_size
+    if not any(sizes):
+        raise ConfigError(f"corpus {corpus}: its {len(files)} files are all empty: give a corpus of text")
+    for split, size in zip(("training", "validation"), sizes, strict=True):
+        if not size:
+            raise ConfigError(f"corpus {corpus}: its {split} split (every {val_every}th file by path is validation) "
+                              "would hold no bytes: give more non-empty files, or another --val-every")  # fmt: skip
 
 
 def write_splits(files: list[Path], folder: Path, val_every: int, repeat: int) -> list[int]:
@@ -78,13 +104,58 @@ def write_splits(files: list[Path], folder: Path, val_every: int, repeat: int) -
 
 def replace_folder(staging: Path, out: Path) -> None:
     """`staging` renamed to `out`; an old `out` set aside first and removed once the new one is in place."""
-    old = None
+    old, lock = None, None
     if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        old, lock = locked_folder(out)
         os.replace(out, old / out.name)
-    os.replace(staging, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        if old is not None:  # the old folder back in its place
+            os.replace(old / out.name, out)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+            os.close(lock)  # type: ignore[arg-type]
+
+
+def locked_folder(out: Path) -> tuple[Path, int]:
+    """A new hidden folder beside `out`, made as any folder is (the umask's mode, not mkdtemp's 0700),
+    and a descriptor of it that holds a lock (flock) until closed: while it is held the folder is in
+    use; once its prepare has stopped, however it stopped, the kernel lets go and the next prepare
+    removes it (remove_stale_folders)."""
+    while True:
+        folder = out.parent / f".{out.name}{PREPARING}{uuid.uuid4().hex[:8]}"
+        try:
+            os.mkdir(folder)
+            break
+        except FileExistsError:
+            continue
+    lock = os.open(folder, os.O_RDONLY)
+    with contextlib.suppress(OSError):  # a file system without flock on folders (some NFS): nothing is
+        fcntl.flock(lock, fcntl.LOCK_EX)  # removed there, as no lock can be taken (remove_stale_folders)
+    return folder, lock
+
+
+def remove_stale_folders(out: Path) -> list[Path]:
+    """Remove the hidden folders beside `out` of prepares that stopped before their end (killed):
+    those whose lock no process holds. The folders removed."""
+    removed = []
+    for folder in sorted(out.parent.glob(f".{glob.escape(out.name)}{PREPARING}*")):
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a prepare running now; or a file system without locks: left as it is
+            continue
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,6 +194,7 @@ class TokenWindows(TextWindows):
         self.path, self.length, self.dtype = path, length, dtype
         self.block_size, self.samples, self.random_offsets = block_size, samples, random_offsets
         self.mapped: torch.Tensor | None = None
+        self.prepared: dict[str, str] | None = None  # {"root", "id"} of the folder: token_windows sets it
 
     @property
     def data(self) -> torch.Tensor:  # type: ignore[override]
@@ -163,4 +235,12 @@ def token_windows(
         TokenWindows(Path(root) / f"{split}.bin", meta[f"{split}_tokens"], meta["dtype"], block_size, samples, random)
         for split, samples, random in (("train", train_samples, True), ("val", val_samples, False))
     )
+    train.prepared = val.prepared = {"root": root, "id": prepared_id(meta)}
     return train, val
+
+
+def prepared_id(meta: dict[str, Any]) -> str:
+    """What tells this preparation of a token folder from any other (a checkpoint records it): its
+    meta.json's id, new at each prepare; for a folder written before there was one, a hash of its
+    meta.json, which holds the files' sizes."""
+    return meta.get("id") or hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]

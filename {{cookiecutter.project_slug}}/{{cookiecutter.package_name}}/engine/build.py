@@ -21,6 +21,7 @@ from ..run_dir import LOGS_DIR, METRICS_FILE
 from .activation import checkpoint_activations
 from .checkpoint.files import list_checkpoints, local_folder
 from .checkpoint.manager import CheckpointManager
+from .compatibility import SamePreparedData
 from .components import build_model, build_optimizer, build_task
 from .data import Data, build_data
 from .ema import EMA, NoEMA
@@ -92,8 +93,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     runner = StepRunner(trained, optimizer, config.trainer, env.device, env.world_size, task, strategy)
     state, generators = TrainState(), RankGenerators(config.seed, env)
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)
-    owners = [state, runner, schedule, monitor, ema, *(sink for sink in sinks if hasattr(sink, "state_dict")),
-              generators]  # fmt: skip  # generators last
+    same_data = SamePreparedData(data.prepared, config.checkpoint.allow_changes)  # data prepared again: refused
+    owners = [state, runner, schedule, monitor, ema, same_data,
+              *(sink for sink in sinks if hasattr(sink, "state_dict")), generators]  # fmt: skip  # generators last
     plain_config = to_plain_dict(config)
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir

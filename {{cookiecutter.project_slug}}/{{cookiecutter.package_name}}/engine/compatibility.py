@@ -10,7 +10,9 @@ promise, and are refused in one line that names the keys and says how to go on:
 - the model (`model.*`): the saved weights would not fit it, or not mean the same;
 - the optimizer class (`optim._target_`): the saved optimizer state is another optimizer's;
 - what an epoch holds and its order: the seed and the data set (`seed`, `data.*` but the loader's
-  batch_size, num_workers and on_device): mid-epoch, samples would be repeated or never seen.
+  batch_size, num_workers and on_device): mid-epoch, samples would be repeated or never seen. Data
+  prepared again under the same `data.root` (data=tokens, data=shards) is such a change too: a
+  checkpoint records the data's id (SamePreparedData).
 `checkpoint.allow_changes` lists the keys (or a prefix of them, `data`) a user accepts changing
 anyway. Every other change (more epochs, the learning rate, precision, the strategy, logging) is
 allowed and listed in the log. A run that has finished trains nothing more: a relaunch of it
@@ -127,6 +129,32 @@ def check_resumable(path: Path | str, payload: dict[str, Any], config: dict[str,
             f"them, or {more} to go on"
         )
     return [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items()]
+
+
+class SamePreparedData:
+    """A checkpoint's record of the prepared data it was trained on (a token folder's or a set of
+    shards' id, new at each prepare), checked at a resume: data prepared again under the same
+    `data.root` changes what an epoch holds as a changed `data.*` key does, and is refused as one is,
+    unless `checkpoint.allow_changes` accepts `data.root` (or `data`). An owner of the checkpoint
+    (checkpoint/manager.py): `prepared` is the training set's own ({"root", "id"}), None for data
+    sets that are not prepared; a checkpoint without the record (older, or of such a set) passes."""
+
+    def __init__(self, prepared: dict[str, str] | None, allowed: list[str]) -> None:
+        self.prepared, self.allowed = prepared, list(allowed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"prepared_data": self.prepared["id"]} if self.prepared else {}  # the id only: the root may hold a key
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        saved = payload.get("prepared_data")
+        if not saved or self.prepared is None or saved == self.prepared["id"] or under("data.root", self.allowed):
+            return
+        raise ConfigError(
+            f"data.root={self.prepared['root']} was prepared again since the checkpoint was written (its id "
+            f"{self.prepared['id'][:12]}, the checkpoint's {saved[:12]}): resuming would go on with other data "
+            "mid-epoch. Launch with the data it was trained on, give a new run dir (RUN_DIR, or RUN_NAME on many "
+            "nodes) to start a new run, or accept it: checkpoint.allow_changes=[data.root]"
+        )
 
 
 def check_same_config_everywhere(config: dict[str, Any], env: DistEnv) -> None:

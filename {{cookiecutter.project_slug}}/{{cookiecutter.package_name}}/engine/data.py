@@ -137,6 +137,7 @@ class Data:
     val_loader: DataLoader
     sampler: ResumableDistributedSampler
     val_size: int
+    prepared: dict[str, str] | None = None  # the training set's prepared data ({"root", "id"}): tokens, shards
 
 
 def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
@@ -187,4 +188,5 @@ def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
         val_loader=DataLoader(shard, shuffle=False, **options),
         sampler=sampler,
         val_size=len(val_set),
+        prepared=getattr(train_base, "prepared", None),
     )
