@@ -22,6 +22,8 @@ from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.randomness import building_sample
 from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
 
+from ..helpers import record_fsyncs
+
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
 
 
@@ -213,3 +215,11 @@ def test_the_language_model_trains_on_token_files(in_process, monkeypatch, tmp_p
     assert f"data.root={tmp_path / 'tokens'} was prepared again since the checkpoint was written" in err, err
     assert "checkpoint.allow_changes=[data.root]" in err
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == len(records), "nothing trained"
+
+
+def test_the_token_files_reach_the_disk_before_the_folder_is_renamed_into_place(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(os, "fsync", os.fsync)  # given back after the test
+    synced = record_fsyncs()
+    prepare_tokens(str(write_corpus(tmp_path / "corpus")), tmp_path / "tokens")
+    assert {Path(path).name for path in synced} >= {"train.bin", "val.bin"}, synced
+    assert all(Path(path).parent != tmp_path / "tokens" for path in synced), "while still in the hidden folder"

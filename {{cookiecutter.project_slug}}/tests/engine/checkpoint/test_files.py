@@ -9,10 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.engine.checkpoint.files import NotACheckpoint, load_checkpoint, remove
+from {{cookiecutter.package_name}}.engine.checkpoint.files import (
+    NotACheckpoint,
+    load_checkpoint,
+    remove,
+    write_atomically,
+    write_text_atomically,
+)
 from {{cookiecutter.package_name}}.errors import ConfigError
 
-from ...helpers import checkpointer
+from ...helpers import checkpointer, record_fsyncs
 
 
 def test_a_non_checkpoint_is_refused_in_one_line_without_the_unsafe_advice(tmp_path: Path) -> None:
@@ -40,3 +46,17 @@ def test_remove_takes_a_file_or_a_folder_and_one_already_gone(tmp_path: Path) ->
     for path in (file, folder, file, folder):  # the second time each is gone already
         remove(path)
         assert not path.exists()
+
+
+def test_a_file_is_on_the_disk_before_its_name_and_its_name_before_the_next_step(tmp_path: Path, monkeypatch) -> None:
+    """fsync of the temporary file before the rename (else a power loss could leave the new name on an empty
+    file), then of the folder (else the rename itself could be lost); best.json's file too."""
+    import os
+
+    monkeypatch.setattr(os, "fsync", os.fsync)  # given back after the test
+    synced = record_fsyncs()
+    write_atomically({"step": 1}, tmp_path / "step_00000001.pt")
+    assert synced == [str(tmp_path / f".tmp_step_00000001.pt.{os.getpid()}"), str(tmp_path)]
+    synced.clear()
+    write_text_atomically("[]", tmp_path / "best.json")
+    assert synced == [str(tmp_path / f".tmp_best.json.{os.getpid()}")]

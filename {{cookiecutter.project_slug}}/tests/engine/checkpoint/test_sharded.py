@@ -37,7 +37,7 @@ from {{cookiecutter.package_name}}.errors import JobError
 from {{cookiecutter.package_name}}.models import SmallCNN
 from {{cookiecutter.package_name}}.placement import DistEnv
 
-from ...helpers import PYTHON, assert_same, compose_config, on_ranks, run
+from ...helpers import PYTHON, assert_same, compose_config, on_ranks, record_fsyncs, run
 
 
 @pytest.mark.slow
@@ -131,7 +131,7 @@ def gathered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def save_sharded(env: DistEnv, tmp_path: Path) -> dict[str, dict[str, torch.Tensor]]:
     """Step 1's checkpoint of two fsdp runs, without and with trainer.ema; the live weights (gathered on
     rank 0) and the EMA's, as they were saved."""
-    live = {}
+    live: dict = {"synced": record_fsyncs()}  # this rank's process only
     for name, ema in (("plain", "0.0"), ("ema", "0.5")):
         trained = one_step(env, tmp_path / name, "strategy=fsdp", f"trainer.ema.decay={ema}")
         trained.save()
@@ -145,6 +145,12 @@ def test_two_ranks_shards_read_back_whole_are_the_live_weights_and_load_into_a_p
     live = on_ranks(2, save_sharded, tmp_path)[0]
     plain, averaged = (tmp_path / name / "checkpoints" / "step_00000001" for name in ("plain", "ema"))
     assert shard_files(plain) == shard_files(averaged) == ["__0_0.distcp", "__1_0.distcp"], "each rank's, once"
+    synced = [path for path in live["synced"] if "/plain/" in path]  # rank 0's: its shard, trainer.pt, the folders
+    tmp = str(tmp_path / "plain" / "checkpoints" / ".tmp_step_00000001")
+    assert f"{tmp}/__0_0.distcp" in synced, "DCP's writer syncs the shard (sync_files)"
+    last = synced.index(str(tmp_path / "plain" / "checkpoints"))
+    assert any(path.startswith(f"{tmp}/.tmp_trainer.pt.") for path in synced[:last]), "trainer.pt, then the rename"
+    assert last == len(synced) - 1, "the folder holding the renamed checkpoint, last"
 
     whole = read_whole(plain)
     assert sorted(whole) == ["model", "optimizer"], "no EMA in a run without it"
