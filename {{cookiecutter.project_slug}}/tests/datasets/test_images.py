@@ -3,6 +3,8 @@ refused."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -54,6 +56,28 @@ def test_cifar10_reads_its_own_format(tmp_path) -> None:
     assert (len(train), len(val)) == (30, 6)
     image, label = train[0]
     assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and 0 <= label < 10
+
+
+def test_a_doctored_cifar10_file_runs_nothing_and_is_refused_in_one_line(tmp_path) -> None:
+    """A pickle may name any callable: only what CIFAR-10's format holds is built from one."""
+    import pickle
+
+    from {{cookiecutter.package_name}}.datasets.images import read_cifar_batches
+
+    class Payload:
+        def __reduce__(self):  # noqa: ANN204
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    write_cifar(tmp_path, per_file=2)
+    folder = tmp_path / "cifar-10-batches-py"
+    with open(folder / "test_batch", "wb") as file:
+        pickle.dump({"data": Payload(), "labels": [0]}, file)
+    assert len(read_cifar_batches(folder, ["data_batch_1"]).labels) == 2, "the genuine format reads"
+    with pytest.raises(ConfigError) as error:
+        read_cifar_batches(folder, ["test_batch"])
+    said = f"{folder / 'test_batch'}: not CIFAR-10's python format (posix.system is not part of CIFAR-10's format)"
+    assert str(error.value) == said + ": fetch it again"
+    assert not (tmp_path / "ran").exists()
 
 
 def test_cifar10_missing_says_where_and_does_not_download(tmp_path) -> None:

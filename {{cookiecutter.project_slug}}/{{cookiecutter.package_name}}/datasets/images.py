@@ -7,6 +7,7 @@ import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,12 +61,28 @@ CIFAR_TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 CIFAR_TEST_FILES = ["test_batch"]
 
 
+class CifarUnpickler(pickle.Unpickler):
+    """CIFAR-10's batches are pickles, and a pickle may name any callable to run: only what the format holds
+    (dicts, lists and bytes of NumPy arrays) is built from one, so a doctored file runs nothing."""
+
+    FORMAT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+              ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # fmt: skip
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.FORMAT:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of CIFAR-10's format")
+        return super().find_class(module, name)
+
+
 def read_cifar_batches(folder: Path, names: Sequence[str]) -> TensorImages:
     """CIFAR-10's python format: pickled dicts of uint8 rows (3x32x32) and labels."""
     images, labels = [], []
     for name in names:
         with open(folder / name, "rb") as file:
-            batch = pickle.load(file, encoding="latin1")  # the data set's own format
+            try:
+                batch = CifarUnpickler(file, encoding="latin1").load()  # the data set's own format
+            except pickle.UnpicklingError as error:
+                raise ConfigError(f"{folder / name}: not CIFAR-10's python format ({error}): fetch it again") from None
         images.append(torch.as_tensor(batch["data"], dtype=torch.uint8).reshape(-1, 3, 32, 32))
         labels.append(torch.as_tensor(batch["labels"], dtype=torch.long))
     return TensorImages(torch.cat(images), torch.cat(labels))
