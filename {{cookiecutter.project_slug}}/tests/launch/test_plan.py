@@ -50,6 +50,14 @@ def test_debug_1_gives_the_workers_the_switches_and_leaves_the_users_own(monkeyp
     launch = plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {"NCCL_DEBUG": "TRACE"}, {})
     assert launch.env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and launch.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert launch.env["NCCL_DEBUG"] == "TRACE", "a value the user set wins"
+    # NCCL's flight recorder keeps each rank's last 2000 collectives, under the name this torch reads (2.11 renamed it)
+    assert launch.env["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in launch.env
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.10.1+cpu")
+    older = plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {}, {}).env
+    assert older["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and "TORCH_FR_BUFFER_SIZE" not in older
+    monkeypatch.undo()
     assert "TORCH_DISTRIBUTED_DEBUG" not in plan("single", parse_args(["NPROC_PER_NODE=1"], "single"), {}, {}).env
     with pytest.raises(LaunchError, match="DEBUG=yes: give DEBUG=1"):
         plan("single", parse_args(["DEBUG=yes", "NPROC_PER_NODE=1"], "single"), {}, {})
