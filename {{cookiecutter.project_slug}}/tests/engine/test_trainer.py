@@ -180,3 +180,21 @@ def test_a_stop_signal_checkpoints_the_step_and_says_which_signal(tmp_path: Path
     assert stopped.value.exit_code == 143 and (tmp_path / STOPPED_MARKER).read_text() == "15\n"
     assert [path.name for path in (tmp_path / "checkpoints").glob("step_*.pt")] == ["step_00000002.pt"]
     assert not (tmp_path / FINISHED_MARKER).exists()
+
+
+def test_rank_zero_watched_at_a_terminal_draws_the_epochs_bar_with_its_loss(tmp_path: Path, monkeypatch) -> None:
+    """The predicate is tested in tests/observe/test_logs.py; this, that the loop draws the bar it decides on."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    trainer(tmp_path, "trainer.epochs=1", "trainer.log_every_n_steps=2").fit()
+    drawn = terminal.getvalue()
+    steps = re.findall(r"epoch 0: +\d+%.*? (\d+)/3 ", drawn)  # 96 samples in batches of 32
+    assert steps[:3] == ["0", "1", "1"] and steps[-1] == "2", drawn[-500:]  # cleared after its last (leave=False)
+    assert re.search(r"img_per_s=\d+, loss=\d+\.\d{4}, step=2\]", drawn), drawn[-500:]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +21,7 @@ from {{cookiecutter.package_name}}.config import CheckpointConfig
 from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
 from {{cookiecutter.package_name}}.errors import ConfigError, JobError
-from {{cookiecutter.package_name}}.storage import check_reachable, filesystem
+from {{cookiecutter.package_name}}.storage import check_reachable
 
 
 def config(url: str, keep_last: int = 2, retry_s: float = 1.0) -> CheckpointConfig:
@@ -93,16 +92,6 @@ def test_a_store_that_stops_answering_is_retried_then_one_line_says_it_cannot_be
     assert "\n" not in message
     assert s3_server.secret not in message
     assert (tmp_path / "step_00000001.pt").is_file(), "the local copy of the last one stays too"
-
-
-@pytest.fixture
-def memory_url(tmp_path: Path) -> Iterator[str]:
-    """A store in this process's memory, this test's own (fsspec's memory:// is one per process)."""
-    url = f"memory://{tmp_path.name}/run"
-    yield url
-    fs, root = filesystem(url)
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
 
 
 def shards(folder: Path, ranks: int) -> Path:
@@ -350,50 +339,6 @@ def test_the_local_checkpoints_and_the_store_are_one_history_the_newest_of_eithe
     assert path == behind / "step_00000012.pt" and caplog.messages[-1].startswith("resuming from the local ")
 
 
-@pytest.mark.parametrize("remote", [True, False], ids=["store", "folder"])
-def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
-    memory_url: str, tmp_path: Path, monkeypatch, remote: bool
-) -> None:
-    monkeypatch.chdir(tmp_path)  # run dirs below the working dir are named relative to it: the same on any machine
-    url = memory_url if remote else str(tmp_path / "shared")
-    run_a, run_b = tmp_path / "outputs" / "a", tmp_path / "outputs" / "b"
-    a = Checkpointer(run_a / "checkpoints" if remote else Path(url), config(url), is_writer=True)
-    a.claim(run_a)
-    a.save(6, state(6))
-    a.wait()
-    b = Checkpointer(run_b / "checkpoints" if remote else Path(url), config(url), is_writer=True)
-    refusal = (f"checkpoint.dir={url} belongs to the run in outputs/a (its .owner says so), not to this one in "
-               f"outputs/b: give this run a checkpoint.dir of its own, or launch with RUN_DIR=outputs/a to continue "
-               "that run")  # fmt: skip
-    with pytest.raises(ConfigError) as refused:
-        b.claim(run_b)
-    assert str(refused.value) == refusal
-    with pytest.raises(ConfigError, match=r"not to this one in a new run dir: "):  # the launch checks, before work
-        b.check_owner(None)
-    # The same run relaunched (a restart, a Slurm requeue, the job on another machine with RUN_DIR=outputs/a).
-    again = Checkpointer(tmp_path / "elsewhere" if remote else Path(url), config(url), is_writer=True)
-    again.claim(Path("outputs/a"))
-    assert again.find_resume_payload()[1]["step"] == 6
-    # The mark lost (a store that came back empty): written again at the next save, which goes on.
-    a.store.fs.rm(f"{a.store.root}/.owner") if remote else (Path(url) / ".owner").unlink()
-    a.save(7, state(7))
-    a.wait()
-    assert a.read_owner() == "outputs/a"
-    # Two runs launched at the same moment, both finding no owner: the one whose mark is not there stops.
-    a.store.write_text(".owner", "outputs/b\n") if remote else (Path(url) / ".owner").write_text("outputs/b\n")
-    a.save(9, state(9))
-    with pytest.raises(JobError) as stopped:
-        a.wait()
-    assert str(stopped.value) == (
-        f"checkpoint.dir={url} now belongs to the run in outputs/b (its .owner), not to this one in outputs/a: two "
-        "runs were given the same checkpoint.dir; give each its own, then launch again"
-    )
-    assert not (run_a / "checkpoints" / "step_00000009.pt").exists() and not (Path(url) / "step_00000009.pt").exists()
-    own = Checkpointer(run_b / "checkpoints", config(""), is_writer=True)  # the run dir's own checkpoints/
-    own.claim(run_b)
-    assert not (run_b / "checkpoints" / ".owner").exists() and own.owner is None
-
-
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: meant
 def test_a_local_folder_of_shards_missing_another_nodes_shards_is_completed_from_the_store(
     memory_url: str, tmp_path: Path, caplog
@@ -409,7 +354,9 @@ def test_a_local_folder_of_shards_missing_another_nodes_shards_is_completed_from
     shards = sorted(item.name for item in written.glob("*.distcp"))
     (local / written.name / shards[0]).unlink()  # without a shared disk: another node's shard is not here
     caplog.set_level(logging.INFO)
-    path, payload = Checkpointer(local, config(memory_url), is_writer=True).find_resume_payload()
+    from {{cookiecutter.package_name}}.engine.checkpoint.sharded import ShardedCheckpointer  # the sharded strategies'
+
+    path, payload = ShardedCheckpointer(local, config(memory_url), is_writer=True).find_resume_payload()
     assert path == local / written.name and payload["step"] == 5
     assert (path / shards[0]).is_file(), "the missing shard brought down from the store"
     assert caplog.messages[-1].startswith(f"resuming from the store's {memory_url}/step_00000005, brought down")

@@ -210,6 +210,14 @@ class ShardedCheckpointer(Checkpointer):
     def name_of(self, step: int) -> str:
         return sharded_name(step)
 
+    def holds_every_shard(self, path: Path) -> bool:
+        """Whether a folder holds every rank's shard file its metadata names (without a shared disk, a node
+        holds only its own ranks' shards)."""
+        try:
+            return all((path / name).is_file() for name in shard_files(path))
+        except Exception:  # no metadata, or unreadable: not whole here
+            return False
+
     def save(self, step: int, state: dict[str, Any]) -> bool:
         """Every rank: copy its shards now, write them in the background; rank 0 then commits."""
         import torch.distributed.checkpoint as dcp

@@ -3,8 +3,7 @@ background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, 
 The sharded strategies' writer (sharded.py) extends it. With `checkpoint.dir` an object store, each
 checkpoint goes up once whole (store.py), and the local folder and the store are one history: a resume
 takes the newest whole checkpoint of either, brought down when it is the store's. A `checkpoint.dir`
-(a folder or a store's prefix) belongs to the run that first used it (its OWNER_FILE names the run dir):
-another run is refused, so that no run resumes, overwrites or prunes another's checkpoints."""
+(a folder or a store's prefix) belongs to the run that first used it (owner.py)."""
 
 from __future__ import annotations
 
@@ -25,25 +24,24 @@ from ...errors import ConfigError, JobError, first_line
 from ...storage import is_remote
 from .files import (
     BEST_FILE,
-    OWNER_FILE,
     TMP_PREFIX,
     NotACheckpoint,
     checkpoint_name,
     list_checkpoints,
     load_checkpoint,
-    owner_id,
     remove,
     step_of,
     to_cpu,
     write_atomically,
     write_text_atomically,
 )
+from .owner import Ownership
 from .store import CheckpointStore
 
 log = logging.getLogger(__name__)
 
 
-class Checkpointer:
+class Checkpointer(Ownership):
     """Saves on global rank 0 in the background and finds the checkpoint to resume from."""
 
     def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool, fetches: bool | None = None) -> None:
@@ -178,65 +176,6 @@ class Checkpointer:
                 "intact: free some space or fix the run dir's permissions, then launch again"
             ) from error
 
-    def read_owner(self) -> str | None:
-        """The run dir that checkpoint.dir's OWNER_FILE names; None where it has none."""
-        if self.store is not None:
-            text = self.store.read_text(OWNER_FILE)
-        else:
-            text = (self.folder / OWNER_FILE).read_text() if (self.folder / OWNER_FILE).is_file() else None
-        return text.strip() if text is not None else None
-
-    def check_owner(self, run_dir: Path | None) -> str | None:
-        """One line where checkpoint.dir belongs to another run than the one in `run_dir` (None: a run dir
-        not made yet); its owner, where it has one. The run dir's own checkpoints/ (checkpoint.dir="") is
-        the run's by where it lies: not checked."""
-        if not self.config.dir:
-            return None
-        owner, mine = self.read_owner(), owner_id(run_dir) if run_dir is not None else None
-        if owner is not None and owner != mine:
-            where = self.store.shown if self.store is not None else self.config.dir
-            raise ConfigError(
-                f"checkpoint.dir={where} belongs to the run in {owner} (its {OWNER_FILE} says so), not to this "
-                f"one in {mine or 'a new run dir'}: give this run a checkpoint.dir of its own, or launch with "
-                f"RUN_DIR={owner} to continue that run"
-            )
-        return owner
-
-    def claim(self, run_dir: Path) -> None:
-        """Before a resume: checkpoint.dir must be this run's (check_owner); the writer marks it so at
-        first use. A relaunch (a torchrun restart, a Slurm requeue, a job moved to another machine) with
-        the same run dir is the same run."""
-        owner = self.check_owner(run_dir)
-        if self.config.dir:
-            self.owner = owner_id(run_dir)
-        if self.is_writer and self.config.dir and owner is None:
-            self.write_owner()
-
-    def write_owner(self) -> None:
-        if self.store is not None:
-            self.store.write_text(OWNER_FILE, f"{self.owner}\n")
-        else:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            write_text_atomically(f"{self.owner}\n", self.folder / OWNER_FILE)
-
-    def check_still_owner(self) -> None:
-        """Before each checkpoint: a run launched at the same moment with the same checkpoint.dir may have
-        claimed it too; the one whose mark is not there stops rather than mix checkpoints with it. A mark
-        that is gone (a store that came back empty) is written again."""
-        if self.owner is None:
-            return
-        owner = self.read_owner()
-        if owner is None:
-            self.write_owner()
-        elif owner != self.owner:
-            where = self.store.shown if self.store is not None else self.config.dir
-            raise JobError(
-                f"checkpoint.dir={where} now belongs to the run in {owner} (its {OWNER_FILE}), not to this one "
-                f"in {self.owner}: two runs were given the same checkpoint.dir; give each its own, then launch "
-                "again",
-                exit_code=2,
-            )
-
     def find_resume_payload(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh.
         `skip`: checkpoints that failed to load (a corrupt shard).
@@ -277,7 +216,7 @@ class Checkpointer:
         for _, in_store, name in candidates:
             if in_store:
                 found = self.readable(self.store.download(name, self.folder))  # type: ignore[union-attr]
-            elif self.store is not None and not has_every_shard(self.folder / name):
+            elif self.store is not None and not self.holds_every_shard(self.folder / name):
                 continue  # another node's shards are only in the store: the store's copy of the step, next
             else:
                 found = self.readable(self.folder / name)
@@ -306,6 +245,10 @@ class Checkpointer:
             log.warning("skipping unreadable checkpoint %s (%s); trying an older one", path, error)
             return None
 
+    def holds_every_shard(self, path: Path) -> bool:
+        """Whether a local checkpoint holds all of itself: a file does (sharded.py's writer says for a folder)."""
+        return True
+
     def refuse_to_overwrite(self) -> None:
         """checkpoint.resume=never must not write over a run's checkpoints: refuse at launch."""
         if self.config.resume != "never":
@@ -319,19 +262,6 @@ class Checkpointer:
                 f"checkpoint.resume=never but {where} already holds checkpoints ({existing[0]}); "
                 "start a new run dir (leave RUN_DIR out) or use checkpoint.resume=auto to continue it"
             )
-
-
-def has_every_shard(path: Path) -> bool:
-    """Whether a local checkpoint holds all of itself: a file does; a folder of shards holds every rank's
-    shard file its metadata names (without a shared disk, a node holds only its own ranks' shards)."""
-    if not path.is_dir():
-        return True
-    from .sharded import shard_files  # torch.distributed.checkpoint: slow to import
-
-    try:
-        return all((path / name).is_file() for name in shard_files(path))
-    except Exception:  # no metadata, or unreadable: not whole here
-        return False
 
 
 def is_storage_error(error: BaseException | None) -> bool:

@@ -1,0 +1,57 @@
+"""engine/checkpoint/owner.py: a checkpoint.dir (a store's prefix or a folder) belongs to the run that first
+used it; another run is refused, the same run relaunched anywhere is let through, a lost mark written again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
+from {{cookiecutter.package_name}}.errors import ConfigError, JobError
+
+from .test_store import config, state
+
+
+@pytest.mark.parametrize("remote", [True, False], ids=["store", "folder"])
+def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
+    memory_url: str, tmp_path: Path, monkeypatch, remote: bool
+) -> None:
+    monkeypatch.chdir(tmp_path)  # run dirs below the working dir are named relative to it: the same on any machine
+    url = memory_url if remote else str(tmp_path / "shared")
+    run_a, run_b = tmp_path / "outputs" / "a", tmp_path / "outputs" / "b"
+    a = Checkpointer(run_a / "checkpoints" if remote else Path(url), config(url), is_writer=True)
+    a.claim(run_a)
+    a.save(6, state(6))
+    a.wait()
+    b = Checkpointer(run_b / "checkpoints" if remote else Path(url), config(url), is_writer=True)
+    refusal = (f"checkpoint.dir={url} belongs to the run in outputs/a (its .owner says so), not to this one in "
+               f"outputs/b: give this run a checkpoint.dir of its own, or launch with RUN_DIR=outputs/a to continue "
+               "that run")  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        b.claim(run_b)
+    assert str(refused.value) == refusal
+    with pytest.raises(ConfigError, match=r"not to this one in a new run dir: "):  # the launch checks, before work
+        b.check_owner(None)
+    # The same run relaunched (a restart, a Slurm requeue, the job on another machine with RUN_DIR=outputs/a).
+    again = Checkpointer(tmp_path / "elsewhere" if remote else Path(url), config(url), is_writer=True)
+    again.claim(Path("outputs/a"))
+    assert again.find_resume_payload()[1]["step"] == 6
+    # The mark lost (a store that came back empty): written again at the next save, which goes on.
+    a.store.fs.rm(f"{a.store.root}/.owner") if remote else (Path(url) / ".owner").unlink()
+    a.save(7, state(7))
+    a.wait()
+    assert a.read_owner() == "outputs/a"
+    # Two runs launched at the same moment, both finding no owner: the one whose mark is not there stops.
+    a.store.write_text(".owner", "outputs/b\n") if remote else (Path(url) / ".owner").write_text("outputs/b\n")
+    a.save(9, state(9))
+    with pytest.raises(JobError) as stopped:
+        a.wait()
+    assert str(stopped.value) == (
+        f"checkpoint.dir={url} now belongs to the run in outputs/b (its .owner), not to this one in outputs/a: two "
+        "runs were given the same checkpoint.dir; give each its own, then launch again"
+    )
+    assert not (run_a / "checkpoints" / "step_00000009.pt").exists() and not (Path(url) / "step_00000009.pt").exists()
+    own = Checkpointer(run_b / "checkpoints", config(""), is_writer=True)  # the run dir's own checkpoints/
+    own.claim(run_b)
+    assert not (run_b / "checkpoints" / ".owner").exists() and own.owner is None
