@@ -76,7 +76,7 @@ def check_k8s_names(values: dict[str, str], name: str) -> None:
         raise LaunchError("IMAGE is required: the image the Containerfile builds, e.g. IMAGE=registry.example/ddp:1")
     if not IMAGE.fullmatch(values["IMAGE"]):
         raise LaunchError(
-            f"IMAGE={values['IMAGE']!r} is not an image reference: give [registry/]name[:tag], e.g. "
+            f"IMAGE={literal(values['IMAGE'])} is not an image reference: give [registry/]name[:tag], e.g. "
             "IMAGE=registry.example/ddp:1 (no spaces or newlines)"
         )
     if not NAME.fullmatch(name):
@@ -85,13 +85,13 @@ def check_k8s_names(values: dict[str, str], name: str) -> None:
         )
     if values["NAMESPACE"] and not NAMESPACE.fullmatch(values["NAMESPACE"]):
         raise LaunchError(
-            f"NAMESPACE={values['NAMESPACE']!r} is not a Kubernetes namespace: lower-case letters, digits and '-', "
-            "at most 63"
+            f"NAMESPACE={literal(values['NAMESPACE'])} is not a Kubernetes namespace: lower-case letters, digits "
+            "and '-', at most 63"
         )
     if values["RUN_VOLUME"] and not CLAIM.fullmatch(values["RUN_VOLUME"]):
         raise LaunchError(
-            f"RUN_VOLUME={values['RUN_VOLUME']!r} is not a claim name: lower-case letters, digits, '-' and '.', "
-            "at most 253"
+            f"RUN_VOLUME={literal(values['RUN_VOLUME'])} is not a claim name: lower-case letters, digits, '-' "
+            "and '.', at most 253"
         )
 
 
