@@ -101,7 +101,7 @@ def test_a_nodes_refusal_reaches_the_ranks_of_other_nodes_waiting_for_the_group(
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10))
     for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port), "GROUP_WORLD_SIZE": "2",
-                        "GROUP_RANK": "1"}.items():  # fmt: skip
+                        "GROUP_RANK": "1", "RANK": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
     heard: list[str] = []
 
@@ -123,3 +123,9 @@ def test_a_nodes_refusal_reaches_the_ranks_of_other_nodes_waiting_for_the_group(
     monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
     with distributed.refusals_of_other_nodes(heard.append):
         assert waited_for(1.5) == [], "one node: nothing to watch"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # an elastic job's rank 0: the workers' store is its own, not up
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    monkeypatch.setenv("RANK", "0")
+    server.delete_key(distributed.REFUSED_KEY)
+    distributed.tell_the_other_nodes("mine")
+    assert not server.check([distributed.REFUSED_KEY]), "not said to a store of its own that never started"

@@ -52,7 +52,8 @@ def test_a_refusal_under_the_launcher_goes_to_it_and_to_the_other_nodes_unless_i
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10))
     os.environ.update({CONTROL_DIR_ENV: str(tmp_path), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
-                       "GROUP_WORLD_SIZE": "2", "GROUP_RANK": "1"})  # fmt: skip
+                       "GROUP_WORLD_SIZE": "2", "GROUP_RANK": "1", "RANK": "1",
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"})  # fmt: skip
     worker = multiprocessing.get_context("fork").Process(target=refusing, args=(tell,))
     worker.start()
     worker.join(30)

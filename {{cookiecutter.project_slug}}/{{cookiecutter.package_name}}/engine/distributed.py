@@ -77,6 +77,8 @@ def tell_the_other_nodes(line: str) -> None:
     """This node refuses the job before it joins the process group: its line in the workers' store, where
     the other nodes' workers, waiting for it to join, read it (refusals_of_other_nodes). Best effort: a
     store that does not answer (node 0 refused, or is still checking) leaves it to the launchers."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and env_int("RANK", 0) == 0:
+        return  # the workers' store would be this rank's own (an elastic job's), never started
     if env_int("GROUP_WORLD_SIZE", 1) > 1 and (store := store_client(5)) is not None:
         with contextlib.suppress(RuntimeError):
             store.set(REFUSED_KEY, f"node {env_int('GROUP_RANK', 0)} refused the job: {line}")
