@@ -107,6 +107,18 @@ def test_nodes_launched_with_other_settings_stop_together_naming_the_keys_and_no
     )
 
 
+def test_nodes_that_differ_in_what_a_resume_accepts_or_where_it_resumes_from_are_named_too() -> None:
+    """What a resume may change (checkpoint.allow_changes, checkpoint.resume) does matter between nodes: one
+    node would accept a checkpoint the other refuses, or start afresh while the other resumes."""
+    said = on_ranks(2, launched_with, [[], ["checkpoint.allow_changes=[data]", "checkpoint.resume=never"]])
+    assert said[0] == said[1], "every rank stops at once, with the same line"
+    assert said[0] == (
+        "the nodes were launched with different settings (node 1: checkpoint.allow_changes=['data'] where node 0 "
+        "has []; checkpoint.resume='never' where node 0 has 'auto'): launch every node with the same overrides",
+        2,
+    )
+
+
 def test_a_run_by_steps_or_stopped_early_is_finished_and_says_how_it_would_go_on() -> None:
     by_steps = plain("trainer.max_steps=30")
     at_end = {"epoch": 1, "step": 30, "samples_in_epoch": 64}

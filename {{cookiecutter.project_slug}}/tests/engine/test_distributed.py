@@ -90,3 +90,42 @@ def test_each_torchrun_restart_gets_a_key_space_of_its_own_in_the_agents_store(m
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")  # the first generation, where torchrun leaves it unset
     distributed.restart_store(1, datetime.timedelta(seconds=10)).set("addr", "y")
     assert server.get("restart_0/addr") == b"y"
+
+
+def test_a_nodes_refusal_reaches_the_ranks_of_other_nodes_waiting_for_the_group(monkeypatch) -> None:
+    """Node 1 refuses the job as it starts; node 0's ranks, waiting in init_process_group for it, read its
+    line from the workers' store within a second (not after dist.timeout_s); once the group has formed,
+    nothing is watched; on one node, nothing is."""
+    import datetime
+    import time
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10))
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port), "GROUP_WORLD_SIZE": "2",
+                        "GROUP_RANK": "1", "RANK": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    heard: list[str] = []
+
+    def waited_for(seconds: float) -> list[str]:
+        deadline = time.monotonic() + seconds
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return heard
+
+    with distributed.refusals_of_other_nodes(heard.append):  # a rank of node 0 in init_process_group
+        distributed.tell_the_other_nodes("data.root=x: no such folder")  # node 1's local rank 0
+        assert waited_for(5) == ["node 1 refused the job: data.root=x: no such folder"]
+    heard.clear()
+    server.delete_key(distributed.REFUSED_KEY)
+    with distributed.refusals_of_other_nodes(heard.append):
+        pass  # the group formed: every node passed its checks
+    distributed.tell_the_other_nodes("late")
+    assert waited_for(1.5) == [], "the watch ended with the group formed"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    with distributed.refusals_of_other_nodes(heard.append):
+        assert waited_for(1.5) == [], "one node: nothing to watch"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # an elastic job's rank 0: the workers' store is its own, not up
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    monkeypatch.setenv("RANK", "0")
+    server.delete_key(distributed.REFUSED_KEY)
+    distributed.tell_the_other_nodes("mine")
+    assert not server.check([distributed.REFUSED_KEY]), "not said to a store of its own that never started"

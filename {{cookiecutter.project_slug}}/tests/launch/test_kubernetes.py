@@ -81,7 +81,7 @@ def test_an_elastic_job_is_a_pytorchjob_the_operator_and_kubernetes_accept() -> 
 
 def test_the_pods_command_is_the_launchers_and_runs_in_bash(tmp_path) -> None:
     """What each pod runs: bash -c's script, with a pod's hostname, gives run_multi.sh these arguments."""
-    manifest = job("IMAGE=i", "NNODES=3", "RUN_NAME=exp2", "data.root=/data/my images")
+    manifest = job("IMAGE=i", "NNODES=3", "RUN_NAME=exp2", "data=cifar10", "data.root=/data/my images")
     script = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"][2]
     probe = tmp_path / "scripts"
     probe.mkdir()
@@ -90,7 +90,8 @@ def test_the_pods_command_is_the_launchers_and_runs_in_bash(tmp_path) -> None:
     said = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=pod_env, capture_output=True, text=True,
                           check=True).stdout.splitlines()  # fmt: skip
     assert said == ["NNODES=3", "NPROC_PER_NODE=1", "MASTER_ADDR=exp2-worker-0", "MASTER_PORT=29500", "RUN_NAME=exp2",
-                    "MAX_RESTARTS=3", "SHUTDOWN_TIMEOUT_S=100", "data.root=/data/my images", "NODE_RANK=2"]  # fmt: skip
+                    "MAX_RESTARTS=3", "SHUTDOWN_TIMEOUT_S=100", "data=cifar10", "data.root=/data/my images",
+                    "NODE_RANK=2"]  # fmt: skip
     policy = manifest["spec"]["elasticPolicy"]
     assert (policy["minReplicas"], policy["maxReplicas"]) == (3, 3), "static NNODES: MIN = MAX"
 
@@ -120,11 +121,36 @@ def test_a_manifest_with_a_wrong_field_fails_the_checks() -> None:
         (["IMAGE=i", "RUN_NAME=Exp_1"], "RUN_NAME=Exp_1 is not a Kubernetes name"),
         (["IMAGE=i", "NNODES=4:2"], "NNODES=4:2: give NNODES=MIN:MAX with 1 <= MIN <= MAX"),
         (["IMAGE=i", "POD_GPUS=x"], "POD_GPUS=x is not a whole number"),
+        (["IMAGE=registry.example/ddp:1\nkind: Pod"], r"IMAGE='registry.example/ddp:1\\nkind: Pod' is not an image"),
+        (["IMAGE=reg istry/ddp"], "IMAGE='reg istry/ddp' is not an image reference"),
+        (["IMAGE=i", "NAMESPACE=my team"], "NAMESPACE='my team' is not a Kubernetes namespace"),
+        (["IMAGE=i", "RUN_VOLUME=runs\n  readOnly: true"], r"RUN_VOLUME='runs\\n  readOnly: true' is not a claim"),
+        (["IMAGE=i", "trainer.epocs=3"], r"Could not override 'trainer.epocs'.*\(fix that override and launch again\)"),
+        (["IMAGE=i", "model=resnet5"], r"Could not find 'model/resnet5'; choose one of: .*resnet50"),
+        (["IMAGE=i", "POD_GPUS=0", "dist.backend=nccl"], "dist.backend=nccl"),
     ],
 )
 def test_keys_that_cannot_make_a_job_are_one_line(argv: list[str], said: str) -> None:
-    with pytest.raises(LaunchError, match=said):
+    with pytest.raises(LaunchError, match=said) as refused:
         job(*argv)
+    assert "\n" not in str(refused.value)
+
+
+def test_torchruns_variables_in_this_shell_do_not_size_the_job_and_are_said_to_be_ignored(capsys) -> None:
+    """PET_* describe the job this shell runs in (a pod of another job, say), not the one printed."""
+    manifest = pytorch_job(parse_args(["IMAGE=i", "NNODES=3"], "k8s"), {"PET_NNODES": "8", "PET_NPROC_PER_NODE": "4"})
+    assert manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert manifest["spec"]["nprocPerNode"] == "1"
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: PET_NPROC_PER_NODE=4 (torchrun's, of the job this shell runs in) is not read: the manifest has "
+        "NPROC_PER_NODE=1; give NPROC_PER_NODE=... to change it",
+        "warning: PET_NNODES=8 (torchrun's, of the job this shell runs in) is not read: the manifest has NNODES=3; "
+        "give NNODES=... to change it",
+    ]
+    pytorch_job(parse_args(["IMAGE=i", "NNODES=8"], "k8s"), {"PET_NNODES": "8", "NNODES": "5"})
+    assert capsys.readouterr().err == "", "the same value: nothing to say"
+    plain = pytorch_job(parse_args(["IMAGE=i"], "k8s"), {"NNODES": "5"})
+    assert plain["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 5, "NNODES exported on purpose is read"
 
 
 def test_the_script_prints_the_manifest_and_cpu_pods_ask_for_no_gpu() -> None:
@@ -137,3 +163,7 @@ def test_the_script_prints_the_manifest_and_cpu_pods_ask_for_no_gpu() -> None:
     assert "resources" not in manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     bad = subprocess.run(["bash", "scripts/k8s_job.sh"], cwd=PROJECT_DIR, env=job_env(), capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: IMAGE is required"), bad.stderr
+    typo = subprocess.run(["bash", "scripts/k8s_job.sh", "IMAGE=i", "trainer.epocs=2"], cwd=PROJECT_DIR, env=job_env(),
+                          capture_output=True, text=True)  # fmt: skip
+    assert typo.returncode == 2 and typo.stdout == "", "nothing of a manifest printed"
+    assert typo.stderr.startswith("error: Could not override 'trainer.epocs'") and typo.stderr.count("\n") == 1

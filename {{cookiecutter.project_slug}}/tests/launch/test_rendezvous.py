@@ -1,4 +1,5 @@
-"""launch/rendezvous.py: node 0's port is free, the other nodes wait for node 0 a bounded time."""
+"""launch/rendezvous.py: node 0's port is free, the other nodes wait for node 0 a bounded time, and
+tell when node 0 has stopped."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from {{cookiecutter.package_name}}.launch.keys import LaunchError
-from {{cookiecutter.package_name}}.launch.rendezvous import check_rendezvous, require_free_port
+from {{cookiecutter.package_name}}.launch.rendezvous import NodeZeroWatch, check_rendezvous, require_free_port
 
 from ..helpers import free_port, planned
 
@@ -42,3 +43,30 @@ def test_other_nodes_wait_for_node_zero_a_bounded_time_then_give_a_hint() -> Non
         check_rendezvous(launch)
     assert f"node 0 is not reachable at 127.0.0.1:{port} after 1 s" in str(error.value)
     assert f"nc -zv 127.0.0.1 {port}" in str(error.value) and time.monotonic() - started < 15
+
+
+def listening(port: int = 0) -> socket.socket:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    return server
+
+
+def test_node_zero_is_gone_once_its_port_has_not_answered_for_a_while_not_at_a_blip() -> None:
+    server = listening()
+    port = server.getsockname()[1]
+    watch = NodeZeroWatch({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "2"}, every_s=0.1,
+                          gone_after_s=1.0)  # fmt: skip
+    assert not watch.gone(100.0), "node 0 answers"
+    server.close()
+    assert not watch.gone(100.05), "probed every 0.1 s: not yet"
+    assert not watch.gone(100.2) and not watch.gone(101.1), "not answering for 0.9 s: a blip, maybe"
+    server = listening(port)  # it answers again: the count starts afresh
+    assert not watch.gone(101.3)
+    server.close()
+    assert not watch.gone(102.0) and watch.gone(103.0)
+    assert watch.give_up() == (
+        f"node 0 has stopped: nothing answers at 127.0.0.1:{port} any more, so node 2 stops too; node 0's output "
+        "says why: launch every node again once it is fixed"
+    )

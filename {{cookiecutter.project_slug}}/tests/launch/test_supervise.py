@@ -1,18 +1,23 @@
 """launch/supervise.py: a stop signal that comes before torchrun starts means it never does; one that
-comes while it runs is passed on to it; a worker's error no restart can fix kills it at once."""
+comes while it runs is passed on to it; a worker's error no restart can fix kills it at once, and so
+does node 0 having stopped, on the other nodes."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch import main as launch_module
+from {{cookiecutter.package_name}}.launch.keys import LaunchError
 from {{cookiecutter.package_name}}.launch.main import main
+from {{cookiecutter.package_name}}.launch.rendezvous import NodeZeroWatch
 from {{cookiecutter.package_name}}.launch.supervise import FORWARDED_SIGNALS, Forwarder
 
 
@@ -84,3 +89,38 @@ def test_a_worker_error_no_restart_can_fix_kills_torchrun_at_once() -> None:
     finally:
         ended(forwarder)
     assert code == 1
+
+
+STOPS_SLOWLY = "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2.5), sys.exit(0)))\ntime.sleep(30)"
+CHECKPOINTING_TORCHRUN = [sys.executable, "-c", f"import signal, sys, time\n{STOPS_SLOWLY}"]
+
+
+@pytest.mark.parametrize("told_to_stop", [False, True], ids=["node 0 alone stopped", "this node told to stop too"])
+def test_node_zero_having_stopped_kills_torchrun_on_the_other_nodes_in_seconds(told_to_stop: bool) -> None:
+    """Node 0 refused the job (or died) while this node's workers wait for it: not until dist.timeout_s but
+    seconds after, one line. A node sent a stop signal itself goes on stopping as it was told."""
+    node_zero = socket.create_server(("127.0.0.1", 0))
+    port = node_zero.getsockname()[1]
+    watch = NodeZeroWatch({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "1"}, every_s=0.1,
+                          gone_after_s=1.0)  # fmt: skip
+
+    def node_zero_stops() -> bool:  # asked every 0.2 s while torchrun runs
+        if node_zero.fileno() != -1:
+            node_zero.close()
+            if told_to_stop:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return False
+
+    forwarder = Forwarder()
+    started = time.monotonic()
+    try:
+        if told_to_stop:  # torchrun's stand-in takes 2.5 s to stop (its workers' last checkpoint): left to it
+            code = forwarder.run(CHECKPOINTING_TORCHRUN, dict(os.environ), node_zero_stops, node_zero=watch)
+            assert code == 128 + signal.SIGTERM and forwarder.child is not None and forwarder.child.returncode == 0
+        else:
+            with pytest.raises(LaunchError, match=f"^node 0 has stopped: nothing answers at 127.0.0.1:{port} any more"):
+                forwarder.run(TORCHRUN, dict(os.environ), node_zero_stops, node_zero=watch)
+            assert forwarder.child is not None and forwarder.child.returncode == -signal.SIGKILL, "killed, waited for"
+    finally:
+        ended(forwarder)
+    assert time.monotonic() - started < 10

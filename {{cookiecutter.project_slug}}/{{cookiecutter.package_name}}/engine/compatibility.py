@@ -67,6 +67,11 @@ def differences(saved: dict[str, Any], config: dict[str, Any]) -> dict[str, tupl
     for key in [key for key in changed if key not in old and changed[key][1] in (None, 0, 0.0, False, "")]:
         del changed[key]  # a setting newer than the checkpoint, off: it changes nothing
     changed.pop("checkpoint.allow_changes", None)
+    return without_repeats(changed)
+
+
+def without_repeats(changed: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """`changed` less the data set arguments that only repeat another changed key."""
     for key in list(changed):
         name = key.rsplit(".", 1)[-1]
         if key.startswith("data.dataset.") and changed[key] in (changed.get(f"data.{name}"), changed.get(name)):
@@ -157,6 +162,16 @@ class SamePreparedData:
         )
 
 
+def between_nodes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (reference node's value, other node's)} for every setting that differs. Unlike a resume
+    (differences), nodes may differ in nothing: what a resume accepts or where it resumes from
+    (checkpoint.allow_changes, checkpoint.resume) would have one node resume, or accept a checkpoint,
+    where another does not. A data set argument that only repeats another key is named by that key alone."""
+    old, new = leaves(reference), leaves(other)
+    changed = {key: (old.get(key), new.get(key)) for key in sorted({*old, *new}) if old.get(key) != new.get(key)}
+    return without_repeats(changed)
+
+
 def check_same_config_everywhere(config: dict[str, Any], env: DistEnv) -> None:
     """Every rank runs with the same settings (a collective: one hash each, then, only if they
     differ, the configs); else a JobError (exit code 2) naming the keys and the nodes, on every rank."""
@@ -171,7 +186,7 @@ def check_same_config_everywhere(config: dict[str, Any], env: DistEnv) -> None:
     for other_node, other in entries:
         if other_node in told or other_node == reference_node:
             continue
-        changed = differences(reference, json.loads(other))
+        changed = between_nodes(reference, json.loads(other))
         if changed:
             shown = "; ".join(f"{key}={new!r} where node {reference_node} has {old!r}"
                               for key, (old, new) in list(changed.items())[:SHOWN])  # fmt: skip

@@ -14,7 +14,8 @@ import gc
 import hashlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -58,12 +59,69 @@ def restart_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | 
     return dist.PrefixStore(f"restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", shared)
 
 
+REFUSED_KEY = f"{__package__}.refused"  # a node's refusal, in the workers' store for the other nodes
+
+
+def store_client(seconds: float) -> dist.Store | None:
+    """A client of the workers' store (torchrun's MASTER_ADDR:MASTER_PORT), or None where none answers
+    within `seconds`."""
+    try:
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        timeout = datetime.timedelta(seconds=seconds)
+        return dist.TCPStore(address, port, is_master=False, timeout=timeout, wait_for_workers=False)
+    except (KeyError, ValueError, RuntimeError):  # torch's DistNetworkError is a RuntimeError
+        return None
+
+
+def tell_the_other_nodes(line: str) -> None:
+    """This node refuses the job before it joins the process group: its line in the workers' store, where
+    the other nodes' workers, waiting for it to join, read it (refusals_of_other_nodes). Best effort: a
+    store that does not answer (node 0 refused, or is still checking) leaves it to the launchers."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and env_int("RANK", 0) == 0:
+        return  # the workers' store would be this rank's own (an elastic job's), never started
+    if env_int("GROUP_WORLD_SIZE", 1) > 1 and (store := store_client(5)) is not None:
+        with contextlib.suppress(RuntimeError):
+            store.set(REFUSED_KEY, f"node {env_int('GROUP_RANK', 0)} refused the job: {line}")
+
+
 @contextlib.contextmanager
-def distributed(config: DistConfig, group_of_one: bool = False) -> Iterator[DistEnv]:
+def refusals_of_other_nodes(on_refused: Callable[[str], object] | None) -> Iterator[None]:
+    """While this rank waits for every rank to join the process group: another node's refusal, read from
+    the workers' store, is handed to `on_refused` (which ends the process), rather than this rank waiting
+    for a node that will never join until dist.timeout_s. Once the group is formed, every node passed its
+    checks: the watch ends."""
+    if on_refused is None or env_int("GROUP_WORLD_SIZE", 1) <= 1:
+        yield
+        return
+    joined = threading.Event()
+
+    def watch() -> None:
+        store = None
+        while not joined.wait(0.5):
+            store = store or store_client(2)
+            try:
+                if store is not None and store.check([REFUSED_KEY]):
+                    on_refused(store.get(REFUSED_KEY).decode())
+                    return
+            except RuntimeError:  # the store went away: its host's launcher says why
+                store = None
+
+    threading.Thread(target=watch, name="refusals of other nodes", daemon=True).start()
+    try:
+        yield
+    finally:
+        joined.set()
+
+
+@contextlib.contextmanager
+def distributed(
+    config: DistConfig, group_of_one: bool = False, on_refused: Callable[[str], object] | None = None
+) -> Iterator[DistEnv]:
     """Initialise the process group from torchrun's environment and always destroy it.
 
     A world of one has no process group unless `group_of_one` (fsdp's device mesh needs one).
-    Exceptions propagate unchanged, so torchrun sees a failed worker and can restart it.
+    Exceptions propagate unchanged, so torchrun sees a failed worker and can restart it. On many
+    nodes, `on_refused` gets another node's refusal while this rank waits for the group to form.
     """
     rank, local_rank, world_size, local_world_size, choice = process_env(config)
     if choice.use_cuda:
@@ -74,15 +132,16 @@ def distributed(config: DistConfig, group_of_one: bool = False) -> Iterator[Dist
     if world_size > 1 or group_of_one:
         timeout = datetime.timedelta(seconds=config.timeout_s)
         alone = world_size == 1 and "MASTER_ADDR" not in os.environ  # python train.py: no torchrun store
-        dist.init_process_group(
-            backend=choice.backend,
-            store=dist.HashStore() if alone else restart_store(world_size, timeout),
-            rank=rank,
-            world_size=world_size,
-            timeout=timeout,
-            # Binding the device lets NCCL create its communicator eagerly and skip a guess.
-            device_id=device if choice.backend == "nccl" else None,
-        )
+        with refusals_of_other_nodes(on_refused):
+            dist.init_process_group(
+                backend=choice.backend,
+                store=dist.HashStore() if alone else restart_store(world_size, timeout),
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+                # Binding the device lets NCCL create its communicator eagerly and skip a guess.
+                device_id=device if choice.backend == "nccl" else None,
+            )
     env = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, device)
     try:
         if choice.shared_gpus and env.is_main:

@@ -34,7 +34,7 @@ from .checks import check_components, check_launch
 from .compatibility import check_same_config_everywhere
 from .components import build_model, build_task
 from .data import build_data
-from .distributed import distributed, process_env
+from .distributed import distributed, process_env, tell_the_other_nodes
 from .evaluate import evaluate
 from .strategies import strategy_class
 
@@ -82,10 +82,12 @@ def reporting_user_errors(body: Callable[[], None]) -> None:
         stop_job(error)
 
 
-def refuse(error: ConfigError) -> NoReturn:
+def refuse(error: ConfigError, tell: bool = True) -> NoReturn:
     """A user's mistake: under the launcher, its one line to the launcher (which stops the job and
-    says it once, exit code 2); else said here."""
+    says it once, exit code 2), and to the other nodes unless it came from one (`tell`); else said here."""
     said = f"{error}\n{USER_ERROR_EXIT}\n{REFUSED}\n"
+    if os.environ.get(CONTROL_DIR_ENV) and tell:
+        tell_the_other_nodes(str(error))
     if os.environ.get(CONTROL_DIR_ENV) and write_marker(None, FAILED_MARKER, said):
         logging.shutdown()
         os._exit(0)  # no restart: torchrun sees a worker that ended well, the launcher stops the others
@@ -118,7 +120,9 @@ def run_train(cfg: DictConfig) -> None:
             stand_in = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, None)  # type: ignore[arg-type]
             check_launch(config, run_dir, stand_in, choice)
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
-        with distributed(config.dist, group_of_one=strategy_class(config.strategy).needs_group_of_one) as env:
+        group_of_one = strategy_class(config.strategy).needs_group_of_one
+        on_refused = (lambda line: refuse(ConfigError(line), tell=False)) if os.environ.get(CONTROL_DIR_ENV) else None
+        with distributed(config.dist, group_of_one, on_refused) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)
             check_same_config_everywhere(to_plain_dict(config), env)

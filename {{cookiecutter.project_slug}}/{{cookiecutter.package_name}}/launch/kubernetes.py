@@ -8,7 +8,12 @@ that runs this project's run_multi.sh in every pod, from the launcher's own keys
   sharded checkpoint needs a volume every node shares), so a restarted pod resumes.
 - The pods' terminationGracePeriodSeconds is SHUTDOWN_TIMEOUT_S and a margin: Kubernetes' SIGTERM
   leaves the workers the time run_multi.sh gives them to checkpoint.
-- The training overrides go into each pod's command as given; the launcher in each pod checks them.
+- The keys and the training overrides are checked before anything is printed, each mistake one line: the
+  overrides as the launcher checks run_single.sh's (composed and through the schema, the backend for the
+  pods' processes and GPUs), IMAGE, NAMESPACE and RUN_VOLUME as what Kubernetes accepts (a newline would
+  write YAML of its own into the manifest).
+- torchrun's PET_* variables in this shell's environment describe the job the shell runs in, not the one
+  printed: they are not read, and a warning says so where they would have changed the manifest.
 """
 
 from __future__ import annotations
@@ -17,13 +22,23 @@ import re
 import shlex
 from typing import Any
 
-from .keys import LaunchArgs, LaunchError, resolve_keys, whole_number
+from .checks import checked_config
+from .keys import KEYS, LaunchArgs, LaunchError, resolve_keys, whole_number
+from .plan import Launch
+from .supervise import say
 
 PROJECT_DIR = "/workspace/project"  # the Containerfile's WORKDIR
 GRACE_MARGIN_S = 30  # after SHUTDOWN_TIMEOUT_S: the launcher's own end, the last checkpoint's commit
 SHM_GIB = 8  # /dev/shm for the DataLoader workers (a container's own is 64 MiB)
 NODE_RANK_OF_POD = 'NODE_RANK="${HOSTNAME##*-}"'  # <name>-worker-<index>: the index, node 0 the rendezvous host
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")  # a DNS label, short enough for the pods' names
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS label (RFC 1123)
+CLAIM = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a DNS subdomain
+# An image reference, [registry[:port]/]path[:tag][@digest], as the distribution spec's grammar has it.
+HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/"
+PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+TAG_AND_DIGEST = r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-f]{32,})?"
+IMAGE = re.compile(f"(?:{HOST})?{PATH}(?:/{PATH})*{TAG_AND_DIGEST}")
 
 
 def node_counts(nnodes: str) -> tuple[int, int]:
@@ -37,20 +52,61 @@ def node_counts(nnodes: str) -> tuple[int, int]:
     return count, count
 
 
-def pytorch_job(args: LaunchArgs, environ: dict[str, str]) -> dict[str, Any]:
-    """The PyTorchJob for these keys and overrides (a plain dict; YAML once dumped)."""
-    values = resolve_keys(args.keys, "k8s", environ, {})
+def literal(value: str) -> str:
+    """A key's value as one line says it: quoted where it holds a space or a character not printed."""
+    return value if value.isprintable() and " " not in value else repr(value)
+
+
+def resolve_k8s_keys(given: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+    """The keys, from the command line, else the environment but torchrun's PET_* (this shell's own job's),
+    else the default; a warning for each PET_* that would have set another value."""
+    values = resolve_keys(given, "k8s", {name: environ[name] for name in environ if not name.startswith("PET_")}, {})
+    values["NPROC_PER_NODE"] = values["NPROC_PER_NODE"] or "1"
+    ignored = [(key.name, name) for key in KEYS if key.name in values for name in key.env if name.startswith("PET_")]
+    for key, name in ignored:
+        if environ.get(name, values[key]) != values[key]:
+            say(f"warning: {name}={literal(environ[name])} (torchrun's, of the job this shell runs in) is not read: "
+                f"the manifest has {key}={literal(values[key])}; give {key}=... to change it", err=True)  # fmt: skip
+    return values
+
+
+def check_k8s_names(values: dict[str, str], name: str) -> None:
+    """IMAGE, RUN_NAME, NAMESPACE and RUN_VOLUME as Kubernetes accepts them; one line each."""
     if not values["IMAGE"]:
         raise LaunchError("IMAGE is required: the image the Containerfile builds, e.g. IMAGE=registry.example/ddp:1")
-    name = values["RUN_NAME"] or "ddp-train"
+    if not IMAGE.fullmatch(values["IMAGE"]):
+        raise LaunchError(
+            f"IMAGE={literal(values['IMAGE'])} is not an image reference: give [registry/]name[:tag], e.g. "
+            "IMAGE=registry.example/ddp:1 (no spaces or newlines)"
+        )
     if not NAME.fullmatch(name):
-        raise LaunchError(f"RUN_NAME={name} is not a Kubernetes name: lower-case letters, digits and '-', at most 40")
+        raise LaunchError(
+            f"RUN_NAME={literal(name)} is not a Kubernetes name: lower-case letters, digits and '-', at most 40"
+        )
+    if values["NAMESPACE"] and not NAMESPACE.fullmatch(values["NAMESPACE"]):
+        raise LaunchError(
+            f"NAMESPACE={literal(values['NAMESPACE'])} is not a Kubernetes namespace: lower-case letters, digits "
+            "and '-', at most 63"
+        )
+    if values["RUN_VOLUME"] and not CLAIM.fullmatch(values["RUN_VOLUME"]):
+        raise LaunchError(
+            f"RUN_VOLUME={literal(values['RUN_VOLUME'])} is not a claim name: lower-case letters, digits, '-' "
+            "and '.', at most 253"
+        )
+
+
+def pytorch_job(args: LaunchArgs, environ: dict[str, str]) -> dict[str, Any]:
+    """The PyTorchJob for these keys and overrides (a plain dict; YAML once dumped), checked first."""
+    values = resolve_k8s_keys(args.keys, environ)
+    name = values["RUN_NAME"] or "ddp-train"
+    check_k8s_names(values, name)
     low, high = node_counts(values["NNODES"])
-    nproc = whole_number({**values, "NPROC_PER_NODE": values["NPROC_PER_NODE"] or "1"}, "NPROC_PER_NODE", 1)
+    nproc = whole_number(values, "NPROC_PER_NODE", 1)
     gpus = whole_number(values, "POD_GPUS", 0) if values["POD_GPUS"] else nproc
     restarts = whole_number(values, "MAX_RESTARTS", 0)
     port = whole_number(values, "MASTER_PORT", 1)
     grace = whole_number(values, "SHUTDOWN_TIMEOUT_S", 0) + GRACE_MARGIN_S
+    checked_config(args.overrides, Launch("k8s", values, nproc, gpus))  # as each pod's launcher will check them
     launch = ["bash", "scripts/run_multi.sh", f"NNODES={values['NNODES']}", f"NPROC_PER_NODE={nproc}",
               f"MASTER_ADDR={name}-worker-0", f"MASTER_PORT={port}", f"RUN_NAME={name}", f"MAX_RESTARTS={restarts}",
               f"SHUTDOWN_TIMEOUT_S={grace - GRACE_MARGIN_S}", *args.overrides]  # fmt: skip

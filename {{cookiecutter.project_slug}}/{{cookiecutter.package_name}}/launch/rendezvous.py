@@ -1,5 +1,6 @@
-"""The nodes' meeting point: node 0 must own MASTER_PORT, the other nodes wait for it (bounded), and
-a node waits a bounded, spoken time for all the nodes to join torchrun's rendezvous (NodeWait)."""
+"""The nodes' meeting point: node 0 must own MASTER_PORT, the other nodes wait for it (bounded), a
+node waits a bounded, spoken time for all the nodes to join torchrun's rendezvous (NodeWait), and the
+other nodes stop soon after node 0 has stopped (NodeZeroWatch)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,39 @@ class NodeWait:
             f"not all NNODES={values['NNODES']} nodes joined node {values['NODE_RANK']}'s rendezvous at "
             f"{values['MASTER_ADDR']}:{values['MASTER_PORT']} within WAIT_FOR_NODES_S={values['WAIT_FOR_NODES_S']} s: "
             "start the others with the same command and their NODE_RANK, or lower NNODES"
+        )
+
+
+@dataclass
+class NodeZeroWatch:
+    """A node other than 0 watches node 0's MASTER_PORT while its job runs. Node 0's torchrun serves the
+    job's store there (and the elastic rendezvous), until every node's workers have ended: once nothing
+    answers for `gone_after_s`, node 0 has stopped, whatever stopped it (its checks refusing the job, a
+    crash, its launcher killed), and this node's workers would wait for it until dist.timeout_s."""
+
+    values: dict[str, str]
+    every_s: float = 1.0
+    gone_after_s: float = 5.0  # a moment of a busy network is not a node gone
+    probed: float = float("-inf")
+    unanswered_since: float | None = None
+
+    def gone(self, now: float) -> bool:
+        """Whether node 0 has not answered for `gone_after_s` (probed every `every_s`)."""
+        if now - self.probed < self.every_s:
+            return False
+        self.probed = now
+        try:
+            socket.create_connection((self.values["MASTER_ADDR"], int(self.values["MASTER_PORT"])), timeout=1).close()
+            self.unanswered_since = None
+        except OSError:
+            self.unanswered_since = now if self.unanswered_since is None else self.unanswered_since
+        return self.unanswered_since is not None and now - self.unanswered_since >= self.gone_after_s
+
+    def give_up(self) -> str:
+        values = self.values
+        return (
+            f"node 0 has stopped: nothing answers at {values['MASTER_ADDR']}:{values['MASTER_PORT']} any more, so "
+            f"node {values['NODE_RANK']} stops too; node 0's output says why: launch every node again once it is fixed"
         )
 
 

@@ -17,7 +17,7 @@ from types import FrameType
 from ..processes import own_group_dying_with_parent
 from .keys import LaunchError
 from .plan import Launch
-from .rendezvous import NodeWait, has_children
+from .rendezvous import NodeWait, NodeZeroWatch, has_children
 
 PACKAGE = __package__.split(".")[0]  # the import name of the package the launch starts: its train, comm_check
 
@@ -46,10 +46,10 @@ class Forwarder:
         return 128 + self.signal
 
     def run(self, command: list[str], env: dict[str, str], failed: Callable[[], bool] = lambda: False,
-            nodes: NodeWait | None = None) -> int:  # fmt: skip
+            nodes: NodeWait | None = None, node_zero: NodeZeroWatch | None = None) -> int:  # fmt: skip
         """torchrun until it ends, or until a worker reports an error no restart can fix (`failed`
-        says so), or until the nodes did not all come (`nodes`): then torchrun is killed, and its
-        workers die with it."""
+        says so), or until the nodes did not all come (`nodes`), or node 0 has stopped (`node_zero`,
+        unless this node was told to stop too): then torchrun is killed, and its workers die with it."""
         if (code := self.stopped_before_start()) is not None:
             return code
         self.child = subprocess.Popen(command, env=env, preexec_fn=own_group_dying_with_parent)
@@ -63,6 +63,9 @@ class Forwarder:
                 if not nodes.done and nodes.overdue(time.monotonic() - started):
                     self.stop_child()
                     raise LaunchError(nodes.give_up())
+            if node_zero is not None and not self.signal and node_zero.gone(time.monotonic()):
+                self.stop_child()
+                raise LaunchError(node_zero.give_up())
         return 128 + self.signal if self.signal else code
 
     def wait_a_little(self) -> int | None:
@@ -94,4 +97,5 @@ def torchrun(launch: Launch, module: str, arguments: list[str], forwarder: Forwa
     """torchrun (our agent.py: the same, quieter) on `module` with `arguments`; its exit code."""
     command = [sys.executable, "-m", f"{PACKAGE}.launch.agent", *launch.torchrun_args, "-m", module, *arguments]
     nodes = NodeWait(launch.values) if "--standalone" not in launch.torchrun_args else None
-    return forwarder.run(command, {**os.environ, **launch.env}, failed, nodes)
+    node_zero = NodeZeroWatch(launch.values) if nodes is not None and int(launch.values["NODE_RANK"]) != 0 else None
+    return forwarder.run(command, {**os.environ, **launch.env}, failed, nodes, node_zero)

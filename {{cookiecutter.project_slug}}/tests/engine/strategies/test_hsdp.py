@@ -86,6 +86,24 @@ def test_the_shard_size_is_a_nodes_processes_unless_set_and_must_divide_the_worl
     )
 
 
+@pytest.mark.parametrize(("world", "local"), [(3, 2), (3, 1)])
+def test_nodes_of_different_sizes_are_refused_on_every_node_alike(world, local, monkeypatch) -> None:
+    """NNODES=2 launched with NPROC_PER_NODE=2 on one node and 1 on the other: 3 ranks. Each node refuses
+    at once, whatever its own size (the one of 1 would divide the world and wait for the other)."""
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # as torchrun tells its workers
+    config = to_train_config(compose_config(JOB))
+    with pytest.raises(ConfigError) as error:
+        build_strategy(config, DistEnv(0, 0, world, local, "gloo", torch.device("cpu"))).check(use_cuda=False)
+    assert str(error.value) == (
+        f"hsdp shards over each node's processes, and the nodes were launched with different numbers of them "
+        f"(3 processes on 2 nodes, {local} on this one): give every node the same NPROC_PER_NODE, or set "
+        "hsdp.shard_size"
+    )
+    build_strategy(config, DistEnv(0, 0, 4, 2, "gloo", torch.device("cpu"))).check(use_cuda=False)  # even nodes
+    given = to_train_config(compose_config([*JOB, "hsdp.shard_size=1"]))  # a shard size set: any node sizes
+    build_strategy(given, DistEnv(0, 0, world, local, "gloo", torch.device("cpu"))).check(use_cuda=False)
+
+
 def test_hsdp_options_are_fsdps_and_ddp_options_are_refused_under_it() -> None:
     with pytest.raises(ConfigError, match="ddp.bucket_cap_mb=1.0 is a DDP option, and strategy=hsdp does not use it"):
         to_train_config(compose_config([*JOB, "ddp.bucket_cap_mb=1"]))

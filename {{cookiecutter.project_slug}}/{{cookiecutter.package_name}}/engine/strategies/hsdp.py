@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ...errors import ConfigError
+from ..distributed import env_int
 from .fsdp import FSDP
 
 
@@ -26,6 +27,16 @@ class HSDP(FSDP):
 
     def check(self, use_cuda: bool) -> None:
         super().check(use_cuda)
+        nodes = env_int("GROUP_WORLD_SIZE", 0)  # torchrun's count of nodes (agents); 0: not under torchrun
+        env = self.env
+        if not self.config.hsdp.shard_size and nodes and env.world_size != env.local_world_size * nodes:
+            # Nodes of different sizes: each would see another shard size, some refuse and the others wait for
+            # them until dist.timeout_s. Every node sees the sum differ from its own share: all refuse at once.
+            raise ConfigError(
+                f"hsdp shards over each node's processes, and the nodes were launched with different numbers of them "
+                f"({env.world_size} processes on {nodes} nodes, {env.local_world_size} on this one): give every node "
+                "the same NPROC_PER_NODE, or set hsdp.shard_size"
+            )
         size = self.shard_size()
         if self.env.world_size % size:
             raise ConfigError(
