@@ -180,3 +180,20 @@ def test_a_stop_signal_checkpoints_the_step_and_says_which_signal(tmp_path: Path
     assert stopped.value.exit_code == 143 and (tmp_path / STOPPED_MARKER).read_text() == "15\n"
     assert [path.name for path in (tmp_path / "checkpoints").glob("step_*.pt")] == ["step_00000002.pt"]
     assert not (tmp_path / FINISHED_MARKER).exists()
+
+
+def test_a_warm_up_longer_than_the_run_is_said_at_the_start(tmp_path: Path, caplog) -> None:
+    """trainer.max_steps=2 with a 5-step warm-up: the rate never reaches optim.lr, and the log says so first."""
+    run = trainer(tmp_path, "trainer.max_steps=2", "scheduler.warmup_steps=5", "trainer.log_every_n_steps=1")
+    caplog.set_level("INFO")
+    run.fit()
+    said = [(record.levelname, record.getMessage()) for record in caplog.records if record.name.endswith(".trainer")]
+    assert said[0] == ("WARNING", "the warm-up (5 steps) is longer than the run (trainer.max_steps=2): the learning "
+                       "rate ends at 0.4 of optim.lr and never reaches it; shorten scheduler.warmup_steps or "
+                       "warmup_epochs, or train longer")  # fmt: skip
+    rates = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in line]  # fmt: skip
+    assert rates == pytest.approx([run.schedule.peaks[0] * step / 5 for step in (1, 2)])
+    caplog.clear()
+    trainer(tmp_path, "trainer.max_steps=2", "scheduler.warmup_steps=5").fit()
+    assert not [record for record in caplog.records if record.levelname == "WARNING"], "finished: nothing to warn of"
