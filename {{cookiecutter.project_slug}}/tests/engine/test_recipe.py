@@ -123,9 +123,10 @@ def test_a_plateau_scheduler_steps_with_the_monitored_figure_and_resumes_to_the_
 
 def relaunch(run_dir: Path, *overrides: str) -> Any:
     """A run of the recipe's model and data (6 steps an epoch, a validation every 2) in `run_dir`."""
-    config = to_train_config(compose_config([*TINY, "data.train_size=48", "data.batch_size=8", "trainer.log_every_n_steps=1",
-                                             "trainer.val_every_n_steps=2", *overrides]))  # fmt: skip
     from ..helpers import CPU
+
+    recipe = ["data.train_size=48", "data.batch_size=8", "trainer.log_every_n_steps=1", "trainer.val_every_n_steps=2"]
+    config = to_train_config(compose_config([*TINY, *recipe, *overrides]))
 
     return build_trainer(config, CPU, run_dir)
 
@@ -165,8 +166,9 @@ def test_a_resume_that_changes_a_torch_schedulers_settings_is_refused_or_takes_e
     relaunch(tmp_path, *step_lr, "trainer.max_steps=4").fit()
     metrics = (tmp_path / "metrics.jsonl").read_text()
     changed = [*step_lr, "trainer.max_steps=8", "optim.lr=0.02", "optim.weight_decay=0.01", "optim.momentum=0.5"]
-    with pytest.raises(ConfigError, match=r"^the checkpoint's scheduler was stepped with other settings \(optim.lr: "
-                                          r"checkpoint 0.1, config 0.02\): .*checkpoint.allow_changes=\[optim.lr\]$"):
+    refusal = (r"^the checkpoint's scheduler was stepped with other settings \(optim.lr: checkpoint 0.1, config "
+               r"0.02\): .*checkpoint.allow_changes=\[optim.lr\]$")  # fmt: skip
+    with pytest.raises(ConfigError, match=refusal):
         relaunch(tmp_path, *changed)
     assert (tmp_path / "metrics.jsonl").read_text() == metrics, "nothing written"
     again = relaunch(tmp_path, *changed, "checkpoint.allow_changes=[optim.lr]")

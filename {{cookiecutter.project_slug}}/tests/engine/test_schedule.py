@@ -136,8 +136,8 @@ def test_a_resume_that_changes_a_started_torch_schedulers_settings_is_refused_in
 
 def test_accepted_changes_restart_the_torch_scheduler_from_them(tmp_path, caplog) -> None:
     caplog.set_level("INFO")
-    resumed = resume_step_lr(tmp_path, ["scheduler.warmup_steps=2"], ["scheduler.warmup_steps=2",
-                             "scheduler.step_size=3"], steps_before=5, lr=0.1, accepted=("optim", "scheduler"))  # fmt: skip
+    after = ["scheduler.warmup_steps=2", "scheduler.step_size=3"]
+    resumed = resume_step_lr(tmp_path, ["scheduler.warmup_steps=2"], after, 5, lr=0.1, accepted=("optim", "scheduler"))
     assert rates(resumed, list(range(6, 11))) == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05]), "0.1, halved every 3"
     assert "scheduler: optim.lr, scheduler.step_size changed (accepted by checkpoint.allow_changes): " \
            "torch.optim.lr_scheduler.StepLR starts afresh from the new settings at step 5" in caplog.text  # fmt: skip
@@ -179,8 +179,9 @@ def test_a_plateau_scheduler_is_stepped_with_the_monitored_figure_after_each_val
         schedule.after_validation(figure)  # a validation every step
     assert found == pytest.approx([0.2, 0.4, 0.4, 0.2, 0.1, 0.1, 0.05]), "the warm-up's figures ignored"
     schedule.check_monitor("val_loss", "min")
-    with pytest.raises(ConfigError, match=r"ReduceLROnPlateau has mode=min, but it is stepped with checkpoint.monitor"
-                                          r"=val_acc, which checkpoint.mode=max ranks: give \+scheduler.mode=max$"):
+    refusal = (r"ReduceLROnPlateau has mode=min, but it is stepped with checkpoint.monitor=val_acc, which "
+               r"checkpoint.mode=max ranks: give \+scheduler.mode=max$")  # fmt: skip
+    with pytest.raises(ConfigError, match=refusal):
         schedule.check_monitor("val_acc", "max")
     assert not Schedule(step_lr(), optimizer(), RunLength(10, 0, True)).needs_metric
 
@@ -196,7 +197,8 @@ def test_a_warm_up_longer_than_the_run_is_said() -> None:
     in_epochs = Schedule(node, optimizer(), RunLength.of(node, epochs=2, max_steps=0, steps_per_epoch=3))
     assert in_epochs.warmup_outlasts_run().startswith("the warm-up (2.67 epochs) is longer than the run "
                                                       "(trainer.epochs=2)")  # fmt: skip
-    assert Schedule(node, optimizer(), RunLength.of(node, epochs=1, max_steps=8, steps_per_epoch=3)).warmup_outlasts_run() == ""
+    exact = Schedule(node, optimizer(), RunLength.of(node, epochs=1, max_steps=8, steps_per_epoch=3))
+    assert exact.warmup_outlasts_run() == "", "it reaches optim.lr at the last step"
 
 
 def test_a_scheduler_target_that_is_no_scheduler_is_refused_in_one_line() -> None:
