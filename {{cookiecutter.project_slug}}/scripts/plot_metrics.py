@@ -26,7 +26,7 @@ def read_records(run_dir: Path) -> list[dict]:
 
 def series(records: list[dict], kind: str, key: str) -> tuple[list[int], list[float]]:
     chosen = [r for r in records if r.get("kind") == kind and key in r]
-    return [r["step"] for r in chosen], [r[key] for r in chosen]
+    return [r["step"] for r in chosen], [float(r[key]) for r in chosen]  # float("NaN"): a figure not finite
 
 
 def validation_metrics(records: list[dict]) -> list[str]:

@@ -45,6 +45,16 @@ def test_a_value_that_is_not_finite_never_improves_and_is_never_kept() -> None:
     assert kept == [False, True, False] and monitor.kept_steps() == [20] and monitor.bad == 1
 
 
+def test_an_early_stop_on_figures_that_are_not_finite_says_so() -> None:
+    monitor, _ = watch([0.5, math.nan, 0.6, math.nan], patience=3)
+    assert monitor.stopped == ("val_loss has not improved for 3 validations (patience 3; best 0.5 at step 10; 2 of "
+                               "them NaN or infinite)")  # fmt: skip
+    monitor, _ = watch([0.5, 0.6, 0.7], patience=2)
+    assert "NaN" not in monitor.stopped, "said only where there were some"
+    monitor, _ = watch([0.5, math.nan, 0.4, 0.6, 0.7], patience=2)
+    assert monitor.stopped.endswith("best 0.4 at step 30)"), "an improvement starts the count afresh"
+
+
 def test_keep_best_off_keeps_nothing_but_early_stopping_still_counts() -> None:
     monitor, kept = watch([0.5, 0.6, 0.7], keep_best=0, patience=2)
     assert kept == [False] * 3 and monitor.kept_steps() == [] and monitor.stopped
@@ -68,4 +78,46 @@ def test_the_state_round_trips_through_a_weights_only_file(tmp_path) -> None:
 def test_a_monitor_the_validation_does_not_give_is_refused_naming_those_it_does() -> None:
     with pytest.raises(ConfigError, match=r"checkpoint.monitor=val_acc is not a figure .* gives val_loss, val_bpb"):
         Monitor("val_acc", "max", 1, 0, 0.0).check_names(["val_loss", "val_bpb"])
-    Monitor("val_acc", "max", 0, 0, 0.0).check_names(["val_loss"])  # off: not checked
+    Monitor("val_acc", "max", 0, 0, 0.0).check_names(["val_acc"])
+
+
+def saved(monitor: Monitor, step: int, **checkpoint: object) -> dict:
+    """A checkpoint's payload as the monitor reads it: its state, and the config it was trained with."""
+    config = {"monitor": monitor.key, "mode": monitor.mode, "keep_best": monitor.keep_best, **checkpoint}
+    return {**monitor.state_dict(), "step": step, "config": {"checkpoint": config}}
+
+
+@pytest.mark.parametrize(("key", "mode"), [("val_acc", "max"), ("val_loss", "max")])
+def test_a_resume_that_changes_the_monitor_or_its_mode_ranks_and_counts_afresh_and_says_so(key, mode, caplog) -> None:
+    caplog.set_level("INFO")
+    before, _ = watch([0.9, 0.5, 0.7], patience=3)  # val_loss, min: best 0.5 at step 20, one bad validation
+    resumed = Monitor(key, mode, 2, 3, 0.0)
+    resumed.load_state_dict(saved(before, 30))
+    assert (resumed.best, resumed.reference, resumed.bad) == ([], None, 0), "the old figures do not rank the new"
+    assert f"checkpoint.monitor changed (val_loss, min -> {key}, {mode}): the best checkpoints and the early-" \
+           "stopping count start afresh after step 30" in caplog.text  # fmt: skip
+    assert resumed.observe(40, {key: 0.1}) and resumed.kept_steps() == [40]
+    same = Monitor("val_loss", "min", 2, 3, 0.0)
+    same.load_state_dict(saved(before, 30))
+    assert (same.best, same.bad) == (before.best, 1), "unchanged: carried over"
+    stopped, _ = watch([0.9, 0.95, 0.97], patience=2)
+    finished = Monitor(key, mode, 2, 3, 0.0)
+    finished.load_state_dict(saved(stopped, 30))
+    assert finished.best == stopped.best and finished.stopped, "a run that stopped early keeps its best as they are"
+
+
+def test_keep_best_switched_on_at_a_resume_ranks_only_what_comes_after(caplog) -> None:
+    """With keep_best off, a validation's step is ranked (for early stopping) but no checkpoint is kept for it:
+    switched on, best.json must not list it."""
+    caplog.set_level("INFO")
+    before, _ = watch([0.9, 0.5, 0.7], keep_best=0, patience=5)
+    assert before.best == [(20, 0.5)]
+    resumed = Monitor("val_loss", "min", 2, 5, 0.0)
+    resumed.load_state_dict(saved(before, 30))
+    assert (resumed.best, resumed.reference, resumed.bad) == ([], 0.5, 1), "the early-stopping count carries on"
+    assert "checkpoint.keep_best switched on: the best checkpoints are ranked from the validations after step 30" \
+        in caplog.text  # fmt: skip
+    more = Monitor("val_loss", "min", 3, 5, 0.0)  # 2 -> 3: those kept are kept
+    kept, _ = watch([0.9, 0.5, 0.7])
+    more.load_state_dict(saved(kept, 30))
+    assert more.best == kept.best == [(20, 0.5), (30, 0.7)]

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.placement import DistEnv
 from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
 
@@ -105,3 +107,73 @@ def test_early_stopping_ends_every_rank_at_the_same_step_and_a_relaunch_has_fini
     assert ranks[0] == ranks[1] == (6, ranks[0][1], True)
     assert ranks[0][1].startswith("val_loss has not improved for 2 validations (patience 2; best ")
     assert (tmp_path / FINISHED_MARKER).read_text() == "6\n"
+
+
+def test_a_plateau_scheduler_steps_with_the_monitored_figure_and_resumes_to_the_same_end(tmp_path: Path) -> None:
+    """ReduceLROnPlateau's step() needs a figure: it takes checkpoint.monitor's after each validation (here
+    every 3 steps, after a 2-step warm-up), and its state is in the checkpoint like any scheduler's."""
+    plateau = ["scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau", "~scheduler.step_size",
+               "~scheduler.gamma", "+scheduler.patience=0", "+scheduler.factor=0.5", "+scheduler.threshold=10",
+               "trainer.max_steps=7"]  # fmt: skip
+    whole = recipe_run_alone(tmp_path / "whole", plateau, None)  # nothing improves by 1000%: halved each time
+    resumed = recipe_run_alone(tmp_path / "resumed", plateau, 4)  # from step 3's, the best: after step 3's halving
+    assert_same(resumed, whole, "the resumed run")
+    assert whole["lr"] == pytest.approx([0.05, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025]), "halved after each validation"
+
+
+def relaunch(run_dir: Path, *overrides: str) -> Any:
+    """A run of the recipe's model and data (6 steps an epoch, a validation every 2) in `run_dir`."""
+    from ..helpers import CPU
+
+    recipe = ["data.train_size=48", "data.batch_size=8", "trainer.log_every_n_steps=1", "trainer.val_every_n_steps=2"]
+    config = to_train_config(compose_config([*TINY, *recipe, *overrides]))
+
+    return build_trainer(config, CPU, run_dir)
+
+
+def test_a_resume_that_changes_the_monitor_ranks_afresh_and_best_json_names_only_the_new_best(tmp_path, caplog) -> None:
+    caplog.set_level("INFO")
+    first = relaunch(tmp_path, "trainer.max_steps=6", "checkpoint.keep_best=2", "trainer.early_stop_patience=9")
+    first.fit()
+    assert first.monitor.bad > 0 or first.monitor.best, "ranked under val_loss"
+    again = relaunch(tmp_path, "trainer.max_steps=12", "checkpoint.keep_best=2", "trainer.early_stop_patience=9",
+                     "checkpoint.monitor=val_acc", "checkpoint.mode=max")  # fmt: skip
+    assert "checkpoint.monitor changed (val_loss, min -> val_acc, max)" in caplog.text
+    assert (again.monitor.best, again.monitor.bad) == ([], 0)
+    again.fit()
+    best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
+    assert best["steps"] and min(best["steps"]) > 6, f"only what val_acc ranked: {best}"
+    assert all((tmp_path / "checkpoints" / name).exists() for name in best["best"])
+
+
+def test_keep_best_switched_on_at_a_resume_lists_only_checkpoints_that_exist(tmp_path: Path) -> None:
+    first = relaunch(tmp_path, "trainer.max_steps=6", "trainer.early_stop_patience=9", "checkpoint.every_n_steps=3")
+    first.fit()  # validations at 2, 4 and 6 ranked for early stopping; checkpoints at 3 and 6
+    again = relaunch(tmp_path, "trainer.max_steps=8", "trainer.early_stop_patience=9", "checkpoint.every_n_steps=3",
+                     "checkpoint.keep_best=1")  # fmt: skip
+    assert json.loads((tmp_path / "checkpoints" / "best.json").read_text())["best"] == []
+    again.fit()
+    best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
+    assert best["steps"] == [8], "the one validation since: step 8"
+
+
+def test_a_resume_that_changes_a_torch_schedulers_settings_is_refused_or_takes_effect(tmp_path: Path) -> None:
+    """StepLR's saved state would silently keep its old base rate and step_size: refused in one line, before
+    anything is written; accepted, the scheduler starts afresh from them. The optimizer's own settings
+    (weight_decay, momentum) are the config's whatever the checkpoint's optimizer state holds."""
+    step_lr = ["optim=sgd", "scheduler._target_=torch.optim.lr_scheduler.StepLR", "+scheduler.step_size=2",
+               "scheduler.warmup_steps=1", "checkpoint.every_n_steps=4"]  # fmt: skip
+    relaunch(tmp_path, *step_lr, "trainer.max_steps=4").fit()
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    changed = [*step_lr, "trainer.max_steps=8", "optim.lr=0.02", "optim.weight_decay=0.01", "optim.momentum=0.5"]
+    refusal = (r"^the checkpoint's scheduler was stepped with other settings \(optim.lr: checkpoint 0.1, config "
+               r"0.02\): .*checkpoint.allow_changes=\[optim.lr\]$")  # fmt: skip
+    with pytest.raises(ConfigError, match=refusal):
+        relaunch(tmp_path, *changed)
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics, "nothing written"
+    again = relaunch(tmp_path, *changed, "checkpoint.allow_changes=[optim.lr]")
+    assert [(g["weight_decay"], g["momentum"]) for g in again.optimizer.param_groups] == [(0.01, 0.5), (0.0, 0.5)]
+    again.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in records if r["kind"] == "train" and r["step"] > 4] == pytest.approx([0.02, 0.02, 0.002,
+                                                                                                  0.002])  # fmt: skip

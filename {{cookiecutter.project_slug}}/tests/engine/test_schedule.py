@@ -100,6 +100,107 @@ def test_a_resumed_torch_scheduler_continues_exactly(tmp_path) -> None:
     Schedule(node, optimizer(), length).load_state_dict({})  # a checkpoint from before the group: no error
 
 
+def resume_step_lr(tmp_path, before: list[str], after: list[str], steps_before: int, lr: float = 0.4,
+                   accepted: tuple[str, ...] = ()) -> Schedule:  # fmt: skip
+    """A StepLR run of `steps_before` steps checkpointed, then resumed by a schedule built from `after`
+    (with optim.lr `lr`), the resumed optimizer's state loaded."""
+    node = step_lr(*before)
+    length = RunLength.of(node, epochs=1, max_steps=12, steps_per_epoch=12)
+    first = Schedule(node, optimizer(), length)
+    rates(first, list(range(1, steps_before + 1)))
+    config = {"optim": {"lr": 0.4}, "scheduler": node}
+    torch.save({**first.state_dict(), "optimizer": first.optimizer.state_dict(), "config": config, "step": 5},
+               tmp_path / "state.pt")  # fmt: skip
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)
+    node = step_lr(*after)
+    resumed = Schedule(node, optimizer(lr), RunLength.of(node, 1, 12, 12), accepted=accepted)
+    resumed.optimizer.load_state_dict(saved["optimizer"])
+    resumed.load_state_dict(saved)
+    return resumed
+
+
+def test_a_resume_that_changes_a_started_torch_schedulers_settings_is_refused_in_one_line(tmp_path) -> None:
+    """Its saved state holds its base rates and step_size: loaded, it would silently override the new ones."""
+    with pytest.raises(ConfigError) as refused:
+        resume_step_lr(tmp_path, ["scheduler.warmup_steps=2"], ["scheduler.warmup_steps=2", "scheduler.step_size=3"],
+                       steps_before=5, lr=0.1)  # fmt: skip
+    assert str(refused.value) == (
+        "the checkpoint's scheduler was stepped with other settings (optim.lr: checkpoint 0.4, config 0.1; "
+        "scheduler.step_size: checkpoint 2, config 3): its saved state would override them. Resume with the "
+        "checkpoint's values, give a new run dir (RUN_DIR, or RUN_NAME on many nodes), or accept them, the scheduler "
+        "starting afresh from them at this step: checkpoint.allow_changes=[optim.lr,scheduler.step_size]"
+    )
+    same = resume_step_lr(tmp_path, ["scheduler.warmup_steps=2"], ["scheduler.warmup_steps=2"], steps_before=5)
+    assert same.started and same.scheduler.last_epoch == 4, "unchanged: continued (stepped after steps 2 to 5)"
+
+
+def test_accepted_changes_restart_the_torch_scheduler_from_them(tmp_path, caplog) -> None:
+    caplog.set_level("INFO")
+    after = ["scheduler.warmup_steps=2", "scheduler.step_size=3"]
+    resumed = resume_step_lr(tmp_path, ["scheduler.warmup_steps=2"], after, 5, lr=0.1, accepted=("optim", "scheduler"))
+    assert rates(resumed, list(range(6, 11))) == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05]), "0.1, halved every 3"
+    assert "scheduler: optim.lr, scheduler.step_size changed (accepted by checkpoint.allow_changes): " \
+           "torch.optim.lr_scheduler.StepLR starts afresh from the new settings at step 5" in caplog.text  # fmt: skip
+
+
+def test_a_torch_scheduler_resumed_within_its_warm_up_takes_changed_settings_without_a_word(tmp_path) -> None:
+    """Not handed over to yet, its saved state is that of a new one: the new settings are simply used."""
+    resumed = resume_step_lr(tmp_path, ["scheduler.warmup_steps=6"], ["scheduler.warmup_steps=6",
+                             "scheduler.step_size=3"], steps_before=5, lr=0.1)  # fmt: skip
+    assert rates(resumed, list(range(6, 11))) == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05]), "halved every 3"
+
+
+@pytest.mark.parametrize("scheduler", ["scheduler=cosine", "+scheduler.step_size=2"])
+def test_a_resume_takes_the_optimizers_settings_from_the_config_not_the_checkpoint(scheduler: str) -> None:
+    """torch's Optimizer.load_state_dict brings back the saved weight_decay, momentum...: a changed one
+    would be listed as accepted and silently ignored."""
+    if scheduler.startswith("+"):
+        scheduler = f"scheduler._target_=torch.optim.lr_scheduler.StepLR {scheduler}"
+    node = scheduler_node(*scheduler.split())
+    old, new = optimizer(), optimizer()
+    for group in new.param_groups:
+        group.update(momentum=0.5, weight_decay=group["weight_decay"] * 10)
+    schedule = Schedule(node, new, RunLength(total=4, warmup=0, by_steps=True))
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in new.param_groups]
+    new.load_state_dict(old.state_dict())
+    assert new.param_groups[0]["weight_decay"] == 1e-4, "what torch does"
+    schedule.load_state_dict({})
+    assert [{k: v for k, v in group.items() if k != "params"} for group in new.param_groups] == configured
+
+
+def test_a_plateau_scheduler_is_stepped_with_the_monitored_figure_after_each_validation_past_the_warm_up() -> None:
+    node = scheduler_node("scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau", "+scheduler.patience=0",
+                          "+scheduler.factor=0.5", "scheduler.warmup_steps=2")  # fmt: skip
+    schedule = Schedule(node, optimizer(), RunLength(total=10, warmup=2, by_steps=True))
+    assert schedule.needs_metric
+    found = []
+    for step, figure in zip(range(1, 8), [9.0, 1.0, 1.0, 2.0, 0.5, 0.7, 0.7], strict=True):
+        found += rates(schedule, [step])  # no step() without its figure: no TypeError
+        schedule.after_validation(figure)  # a validation every step
+    assert found == pytest.approx([0.2, 0.4, 0.4, 0.2, 0.1, 0.1, 0.05]), "the warm-up's figures ignored"
+    schedule.check_monitor("val_loss", "min")
+    refusal = (r"ReduceLROnPlateau has mode=min, but it is stepped with checkpoint.monitor=val_acc, which "
+               r"checkpoint.mode=max ranks: give \+scheduler.mode=max$")  # fmt: skip
+    with pytest.raises(ConfigError, match=refusal):
+        schedule.check_monitor("val_acc", "max")
+    assert not Schedule(step_lr(), optimizer(), RunLength(10, 0, True)).needs_metric
+
+
+def test_a_warm_up_longer_than_the_run_is_said() -> None:
+    node = scheduler_node("scheduler.warmup_steps=8")
+    short = Schedule(node, optimizer(), RunLength.of(node, epochs=1, max_steps=5, steps_per_epoch=3))
+    assert short.warmup_outlasts_run() == (
+        "the warm-up (8 steps) is longer than the run (trainer.max_steps=5): the learning rate ends at 0.62 of "
+        "optim.lr and never reaches it; shorten scheduler.warmup_steps or warmup_epochs, or train longer"
+    )
+    assert max(rates(short, [1, 2, 3, 4, 5])) == pytest.approx(0.4 * 5 / 8)
+    in_epochs = Schedule(node, optimizer(), RunLength.of(node, epochs=2, max_steps=0, steps_per_epoch=3))
+    assert in_epochs.warmup_outlasts_run().startswith("the warm-up (2.67 epochs) is longer than the run "
+                                                      "(trainer.epochs=2)")  # fmt: skip
+    exact = Schedule(node, optimizer(), RunLength.of(node, epochs=1, max_steps=8, steps_per_epoch=3))
+    assert exact.warmup_outlasts_run() == "", "it reaches optim.lr at the last step"
+
+
 def test_a_scheduler_target_that_is_no_scheduler_is_refused_in_one_line() -> None:
     node = scheduler_node("scheduler._target_=builtins.repr")  # takes the optimizer, returns a str
     with pytest.raises(ConfigError, match=r"scheduler._target_=builtins.repr returned a str, which has neither"):

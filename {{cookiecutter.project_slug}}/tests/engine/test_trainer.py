@@ -198,3 +198,20 @@ def test_rank_zero_watched_at_a_terminal_draws_the_epochs_bar_with_its_loss(tmp_
     steps = re.findall(r"epoch 0: +\d+%.*? (\d+)/3 ", drawn)  # 96 samples in batches of 32
     assert steps[:3] == ["0", "1", "1"] and steps[-1] == "2", drawn[-500:]  # cleared after its last (leave=False)
     assert re.search(r"img_per_s=\d+, loss=\d+\.\d{4}, step=2\]", drawn), drawn[-500:]
+
+
+def test_a_warm_up_longer_than_the_run_is_said_at_the_start(tmp_path: Path, caplog) -> None:
+    """trainer.max_steps=2 with a 5-step warm-up: the rate never reaches optim.lr, and the log says so first."""
+    run = trainer(tmp_path, "trainer.max_steps=2", "scheduler.warmup_steps=5", "trainer.log_every_n_steps=1")
+    caplog.set_level("INFO")
+    run.fit()
+    said = [(record.levelname, record.getMessage()) for record in caplog.records if record.name.endswith(".trainer")]
+    assert said[0] == ("WARNING", "the warm-up (5 steps) is longer than the run (trainer.max_steps=2): the learning "
+                       "rate ends at 0.4 of optim.lr and never reaches it; shorten scheduler.warmup_steps or "
+                       "warmup_epochs, or train longer")  # fmt: skip
+    rates = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in line]  # fmt: skip
+    assert rates == pytest.approx([run.schedule.peaks[0] * step / 5 for step in (1, 2)])
+    caplog.clear()
+    trainer(tmp_path, "trainer.max_steps=2", "scheduler.warmup_steps=5").fit()
+    assert not [record for record in caplog.records if record.levelname == "WARNING"], "finished: nothing to warn of"

@@ -55,7 +55,7 @@ def build_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer, data: 
     steps_per_epoch = math.ceil(math.ceil(sampler.dataset_size / sampler.global_batch_size)
                                 / config.trainer.grad_accum_steps)  # fmt: skip
     length = RunLength.of(config.scheduler, config.trainer.epochs, config.trainer.max_steps, steps_per_epoch)
-    return Schedule(config.scheduler, optimizer, length)
+    return Schedule(config.scheduler, optimizer, length, accepted=config.checkpoint.allow_changes)
 
 
 def build_ema(config: TrainConfig, model: nn.Module) -> EMA | NoEMA:
@@ -80,7 +80,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     optimizer = build_optimizer(config.optim, model)
     schedule = build_schedule(config, optimizer, data)
     monitor = Monitor.of(config.checkpoint, config.trainer)
-    if monitor.enabled:  # a monitor the validation does not give: refused before any step
+    schedule.check_monitor(monitor.key, monitor.mode)  # ReduceLROnPlateau: stepped with the monitored figure
+    if monitor.enabled or schedule.needs_metric:  # a monitor the validation does not give: refused before any step
         monitor.check_names(metric_names(model, data.val_loader, task, env.device))
     ema = build_ema(config, model)
     log.info(

@@ -7,18 +7,33 @@ Two kinds of scheduler, told apart by what they offer:
 - any other (torch.optim.lr_scheduler.*, or the user's own: a callable taking the optimizer first, with
   step(), state_dict() and load_state_dict()) is stepped once per optimizer step after the warm-up,
   from optim.lr; its state is in the checkpoint (`scheduler`), so a resume continues it exactly.
+  One whose step() needs a figure (ReduceLROnPlateau: step(metrics)) is stepped once per validation
+  after the warm-up, with checkpoint.monitor's figure, instead.
+
+A stepped scheduler's saved state holds the settings it was built with (base rates, step_size, ...):
+loaded, they would override changed ones. So a resume that changes optim.lr or a `scheduler` key
+after the warm-up has handed over to it is refused, unless checkpoint.allow_changes accepts them;
+then the scheduler starts afresh from the new settings at that step (its saved state is not loaded).
+The optimizer's own settings (weight_decay, momentum, betas, ...) are the config's after a resume
+too: a checkpoint's optimizer state brings back its own, which would silently win.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError
+from .compatibility import differences, listed, under
 from .components import build
+
+log = logging.getLogger(__name__)
 
 WARMUP_KEYS = ("warmup_epochs", "warmup_steps")  # the project's keys of the scheduler node
 
@@ -64,10 +79,12 @@ class RunLength:
 
 
 class Schedule:
-    """Sets each optimizer step's learning rate (before it) and steps the scheduler (after it)."""
+    """Sets each optimizer step's learning rate (before it) and steps the scheduler (after it, or after
+    a validation where it needs a figure). `accepted`: checkpoint.allow_changes."""
 
-    def __init__(self, node: dict[str, Any], optimizer: torch.optim.Optimizer, length: RunLength) -> None:
-        self.optimizer, self.length = optimizer, length
+    def __init__(self, node: dict[str, Any], optimizer: torch.optim.Optimizer, length: RunLength,
+                 accepted: Sequence[str] = ()) -> None:  # fmt: skip
+        self.node, self.optimizer, self.length, self.accepted = node, optimizer, length, list(accepted)
         self.peaks = [group["lr"] for group in optimizer.param_groups]  # optim.lr, as the optimizer was built
         self.scheduler = build({k: v for k, v in node.items() if k not in WARMUP_KEYS}, "scheduler", optimizer)
         self.follows_progress = callable(getattr(self.scheduler, "factor", None))
@@ -82,6 +99,30 @@ class Schedule:
         last_rates = getattr(self.scheduler, "get_last_lr", lambda: [g["lr"] for g in optimizer.param_groups])
         self.first_rates = [] if self.follows_progress else list(last_rates())
         self.started = False  # a stepped scheduler: whether the warm-up has handed over to it
+        self.needs_metric = not self.follows_progress and takes_an_argument(self.scheduler.step)
+        # The optimizer's settings as the config gives them (a resume brings back the checkpoint's).
+        self.settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in optimizer.param_groups]
+
+    def check_monitor(self, key: str, mode: str) -> None:
+        """A scheduler stepped with checkpoint.monitor's figure must rank it as the monitor does."""
+        own = getattr(self.scheduler, "mode", mode)
+        if self.needs_metric and own != mode:
+            raise ConfigError(
+                f"scheduler._target_={self.node['_target_']} has mode={own}, but it is stepped with "
+                f"checkpoint.monitor={key}, which checkpoint.mode={mode} ranks: give +scheduler.mode={mode}"
+            )
+
+    def warmup_outlasts_run(self) -> str:
+        """A warning where the warm-up is longer than the run (the rate never reaches optim.lr); "" if not."""
+        warmup, total = self.length.warmup, self.length.total
+        if warmup <= total:
+            return ""
+        unit, of = ("steps", "trainer.max_steps") if self.length.by_steps else ("epochs", "trainer.epochs")
+        return (
+            f"the warm-up ({warmup:.3g} {unit}) is longer than the run ({of}={total:g}): the learning rate ends at "
+            f"{total / warmup:.2g} of optim.lr and never reaches it; shorten scheduler.warmup_steps or "
+            f"warmup_epochs, or train longer"
+        )
 
     def before_step(self, done: float) -> None:
         """Set the learning rate of the optimizer step that brings the run to `done` units."""
@@ -96,8 +137,14 @@ class Schedule:
             self.started = True
 
     def after_step(self) -> None:
-        if self.started:
+        if self.started and not self.needs_metric:
             self.scheduler.step()
+
+    def after_validation(self, figure: float) -> None:
+        """A scheduler that needs a figure (ReduceLROnPlateau) takes checkpoint.monitor's, once the
+        warm-up has handed over to it (the warm-up sets every step's rate until then)."""
+        if self.started and self.needs_metric:
+            self.scheduler.step(figure)
 
     def set(self, rates: list[float]) -> None:
         for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
@@ -109,7 +156,44 @@ class Schedule:
         return {"scheduler": {"started": self.started, "state": state}}
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
+        for group, settings in zip(self.optimizer.param_groups, self.settings, strict=True):
+            group.update(settings)  # the config's weight_decay, momentum, ...: not the checkpoint's
         saved = payload.get("scheduler") or {"started": False, "state": {}}  # older checkpoints: none kept
-        self.started = saved["started"]
-        if saved["state"] and not self.follows_progress:
+        if not saved["started"] or self.follows_progress:
+            return  # nothing to continue: a stepped scheduler not handed over to yet is as newly built
+        changed = self.changed_settings(payload.get("config") or {})
+        refused = [key for key in changed if not under(key, self.accepted)]
+        if refused:
+            raise ConfigError(
+                f"the checkpoint's scheduler was stepped with other settings ({listed(changed, refused)}): its saved "
+                "state would override them. Resume with the checkpoint's values, give a new run dir (RUN_DIR, or "
+                "RUN_NAME on many nodes), or accept them, the scheduler starting afresh from them at this step: "
+                f"checkpoint.allow_changes=[{','.join(refused)}]"
+            )
+        if changed:
+            log.info("scheduler: %s changed (accepted by checkpoint.allow_changes): %s starts afresh from the new "
+                     "settings at step %s, its saved state not loaded", ", ".join(changed), self.node["_target_"],
+                     payload.get("step"))  # fmt: skip
+            return
+        self.started = True
+        if saved["state"]:
             self.scheduler.load_state_dict(saved["state"])
+
+    def changed_settings(self, saved_config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """{key: (checkpoint's, config's)} of optim.lr and the scheduler group, against the checkpoint's
+        config (none known: none changed)."""
+        if "scheduler" not in saved_config:
+            return {}
+        old, new = {"scheduler": saved_config["scheduler"]}, {"scheduler": dict(self.node)}
+        if "lr" in (saved_config.get("optim") or {}):
+            old["optim"], new["optim"] = {"lr": saved_config["optim"]["lr"]}, {"lr": self.peaks[0]}
+        return differences(old, new)
+
+
+def takes_an_argument(method: Any) -> bool:
+    """Whether a scheduler's step() needs an argument (ReduceLROnPlateau's step(metrics))."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: stepped as torch's are
+        return False
+    return any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)

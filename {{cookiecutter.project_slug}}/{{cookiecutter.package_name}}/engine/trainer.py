@@ -196,6 +196,8 @@ class Trainer:
             log.info("step %d: %s (validated in %.1f s)", state.step, result.line(), time.perf_counter() - started)
         if epoch_end:
             self.end_epoch()
+        if self.schedule.needs_metric:  # ReduceLROnPlateau: before the checkpoints below, which hold its state
+            self.schedule.after_validation(float(record[self.monitor.key]))
         if self.monitor.observe(state.step, record):
             self.checkpoints.keep_best(self.monitor.kept_steps())
             self.save()
@@ -211,6 +213,8 @@ class Trainer:
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
+        if self.env.is_main and not self.finished() and (warning := self.schedule.warmup_outlasts_run()):
+            log.warning(warning)
         stop = StopOnSigterm()
         try:
             with self.stalls.naming_stalls():  # a collective that timed out names the ranks that stalled

@@ -65,7 +65,8 @@ def optuna_sweep(launch: Launch, overrides: list[str], sweep_dir: Path, forwarde
             study.tell(trial, float(value))
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    done = [row for row in rows if row["status"] == "done" and str(settings["metric"]) in row["final"]]
+    done = [row for row in rows if row["status"] == "done"  # a figure not finite is a string ("NaN"): no pick
+            and isinstance(row["final"].get(str(settings["metric"])), int | float)]  # fmt: skip
     if done:
         pick = min if settings["direction"] == "minimize" else max
         best = pick(done, key=lambda row: row["final"][str(settings["metric"])])

@@ -4,13 +4,16 @@
 - the console shows rank 0's INFO and every rank's WARNING and above, each line prefixed
   with the rank so a warning from rank 5 says where it came from;
 - `log.all_ranks_console=true` prints every rank's INFO lines too;
-- rank 0 appends one JSON object per log interval and per evaluation to metrics.jsonl.
+- rank 0 appends one JSON object per log interval and per evaluation to metrics.jsonl, strict JSON:
+  a figure that is not finite is written as the string "NaN", "Infinity" or "-Infinity" (Python's
+  float() reads them back), never as the bare NaN that strict JSON readers reject.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -113,6 +116,13 @@ def metric_name(key: str) -> str | None:
     return f"val/{key[4:]}" if key.startswith("val_") and key != "val_samples" else None
 
 
+def strict(value: Any) -> Any:
+    """A value as strict JSON holds it: a float that is not finite as its name, a string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
 class MetricsLog:
     """Appends one JSON object per line to `<run dir>/metrics.jsonl`; a no-op off rank 0.
 
@@ -129,7 +139,8 @@ class MetricsLog:
             return
         try:
             with open(self.path, "a", encoding="utf-8") as file:
-                file.write(json.dumps({"kind": kind, **values}) + "\n")
+                record = {"kind": kind, **{key: strict(value) for key, value in values.items()}}
+                file.write(json.dumps(record, allow_nan=False) + "\n")
         except OSError as error:  # a full disk: no restart would fix it
             raise JobError(
                 f"{self.path} cannot be written ({first_line(error)}): free some space or fix the run dir's "
