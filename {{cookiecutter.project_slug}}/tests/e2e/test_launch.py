@@ -101,11 +101,20 @@ JOB = [*SMALL, "trainer.epochs=1", "data.train_size=128", "data.val_size=50"]
 
 
 @pytest.mark.slow
-def test_torchrun_flags_pass_through_the_script(tmp_path: Path) -> None:
-    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path / 'run'}", *JOB, "--",
-         f"--log-dir={tmp_path / 'torchrun_logs'}", "--redirects=3", "--local-ranks-filter=0"])  # fmt: skip
+def test_the_ci_workflows_job_runs_and_torchrun_flags_pass_through_the_script(tmp_path: Path) -> None:
+    """The generated CI's one torchrun job, as its workflow writes it (in a run dir of this test's), with
+    torchrun's own flags after `--`."""
+    import shlex
+
+    import yaml
+
+    steps = yaml.safe_load((PROJECT_DIR / ".github" / "workflows" / "ci.yml").read_text())["jobs"]["lint-and-test"]
+    command = shlex.split(next(step["run"] for step in steps["steps"] if "run_single.sh" in step.get("run", "")))
+    command = [f"RUN_DIR={tmp_path / 'run'}" if item.startswith("RUN_DIR=") else item for item in command]
+    proc = run([*command, "--", f"--log-dir={tmp_path / 'torchrun_logs'}", "--redirects=3", "--local-ranks-filter=0"])
     logs = list((tmp_path / "torchrun_logs").rglob("stdout.log"))
     assert len(logs) == 2, "torchrun wrote each rank's output where --log-dir said"
+    assert '"val_acc": ' in proc.stdout + proc.stderr and (tmp_path / "run" / "checkpoints").is_dir()
 
 
 @pytest.mark.slow

@@ -16,8 +16,9 @@ promise, and are refused in one line that names the keys and says how to go on:
 `checkpoint.allow_changes` lists the keys (or a prefix of them, `data`) a user accepts changing
 anyway. Every other change (more epochs, the learning rate, precision, the strategy, logging) is
 allowed and listed in the log, except where a saved state would bend its meaning (a torch scheduler
-past the warm-up: engine/schedule.py; a changed monitor: engine/monitor.py). A run that has finished trains nothing more: a relaunch of it
-with changes that would matter to training is refused too, rather than silently ignored.
+past the warm-up: engine/schedule.py; a changed monitor: engine/monitor.py). A run that has finished
+trains nothing more: a relaunch of it with changes that would matter to training is refused too,
+rather than silently ignored.
 """
 
 from __future__ import annotations
