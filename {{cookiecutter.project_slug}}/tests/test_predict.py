@@ -18,6 +18,7 @@ from {{cookiecutter.package_name}}.engine.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
 from {{cookiecutter.package_name}}.engine.components import build_datasets, build_model
 from {{cookiecutter.package_name}}.engine.entry import checkpoint_model
+from {{cookiecutter.package_name}}.errors import ConfigError
 
 from .helpers import compose_config, cpu_env, on_ranks
 
@@ -106,6 +107,35 @@ def test_two_ranks_write_the_file_one_rank_writes_bit_for_bit(checkpoint, tmp_pa
         one, two = (tmp_path / f"{name}_1.pt").read_bytes(), (tmp_path / f"{name}_2.pt").read_bytes()
         assert one == two, name
         assert torch.equal(torch.load(tmp_path / f"{name}_2.pt", weights_only=True)["indices"], torch.arange(size))
+
+
+class Pair(torch.nn.Module):
+    """A model whose outputs are not one tensor (a pair of them, as some models return)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model(inputs), inputs
+
+
+def pair_on_rank(env, config: object, checkpoint: Path, out: str) -> str:  # noqa: ANN001
+    model = Pair(checkpoint_model(checkpoint, load_checkpoint(checkpoint), config, env.device))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as refused:
+        entry.write_predictions(model, config, env, Path(out))  # type: ignore[arg-type]
+    return str(refused.value)
+
+
+def test_outputs_that_are_not_a_tensor_are_refused_on_every_rank_also_one_without_a_batch(checkpoint, tmp_path) -> None:
+    register_configs()
+    saved, out = load_checkpoint(checkpoint)["config"], str(tmp_path / "p.pt")
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        overrides = [f"ckpt_path={checkpoint}", f"out={out}", "data.val_size=8", "data.batch_size=32"]
+        config = to_train_config(compose_for_checkpoint(saved, overrides, "predict"))
+    said = "the model's outputs are tuple, not a tensor: give the task a predict method that makes one of them"
+    assert on_ranks(2, pair_on_rank, config, checkpoint, out) == [f"{said} (tasks.py)"] * 2  # rank 0 has no batch
+    assert not Path(out).exists()
 
 
 def doctored(checkpoint: Path, tmp_path: Path) -> Path:

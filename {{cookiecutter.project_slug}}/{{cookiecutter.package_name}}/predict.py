@@ -5,7 +5,7 @@
 OUT holds `{"indices": (N,), "outputs": (N, ...)}`, tensors only, ordered by sample index, each sample
 once: `torch.load(OUT, weights_only=True)`. Each rank runs whole batches of the set (the batches of a
 one-process run, so each sample's output is computed in the same batch at any world size: the file is
-the same, bit for bit); rank 0 gathers them and writes the file.
+the same, bit for bit); the ranks gather the pieces and rank 0 writes the file.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .engine.batch import model_forward, to_device
 from .engine.checkpoint.files import write_atomically
 from .engine.components import build_datasets, build_task
 from .engine.data import KeyedDataset, loader_options
-from .engine.distributed import all_gather_bytes, distributed, process_env
+from .engine.distributed import all_gather_bytes, all_gather_int, distributed, process_env
 from .engine.entry import checkpoint_config, checkpoint_model, prepare, reporting_user_errors
 from .errors import ConfigError
 from .observe.logs import setup_logging
@@ -91,8 +91,16 @@ def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out
     dataset = KeyedDataset(train if config.split == "train" else val, config.seed, augmented=False)
     shard = batch_shard(len(dataset), config.data.batch_size, env.rank, env.world_size)
     loader = DataLoader(Subset(dataset, list(shard)), shuffle=False, **loader_options(config.data, env, config.seed))
-    indices, outputs = predict(model, loader, task, kind, env.device)
-    pieces = all_gather_bytes(to_bytes({"indices": indices, "outputs": outputs}), env.device)
+    piece, refused = {}, ""
+    try:
+        indices, outputs = predict(model, loader, task, kind, env.device)
+        piece = {"indices": indices, "outputs": outputs}
+    except ConfigError as error:  # said by every rank, also one with no batch, which would wait in the gather
+        refused = str(error)
+    if any(all_gather_int(len(refused), env.device)):  # (no gather of nothing but empty pieces)
+        said = [text for text in all_gather_bytes(refused.encode(), env.device) if text]
+        raise ConfigError(said[0].decode())
+    pieces = all_gather_bytes(to_bytes(piece), env.device)
     if env.is_main:
         whole = [torch.load(io.BytesIO(piece), weights_only=True) for piece in pieces]
         whole = [piece for piece in whole if len(piece["indices"])]  # a rank with no batch sends nothing
