@@ -157,6 +157,7 @@ def doctored(checkpoint: Path, tmp_path: Path) -> Path:
         ("split=test", "split='test' is not one of val, train"),
         ("predict_as=token", "predict_as=token: task._target_={{ cookiecutter.package_name }}.tasks.Classification saves one"),
         ("out=s3://bucket/p.pt", "out=s3://bucket/p.pt: predictions are written to this machine's disk"),
+        ("ckpt_path=s3://bucket/c.pt", "ckpt_path=s3://bucket/c.pt: a checkpoint is read from this machine's disk"),
     ],
 )
 def test_a_mistake_is_refused_in_one_line_and_nothing_is_written(
@@ -170,8 +171,8 @@ def test_a_mistake_is_refused_in_one_line_and_nothing_is_written(
         given.pop(1 if case == "no out" else 0)
     elif case == "doctored":
         given[0] = f"ckpt_path={doctored(checkpoint, tmp_path)}"
-    else:
-        given.append(case)
+    else:  # the key given, in place of the valid one
+        given = [item for item in given if item.split("=")[0] != case.split("=")[0]] + [case]
     with pytest.raises(SystemExit) as stopped:
         predict(monkeypatch, capsys, *given)
     err = capsys.readouterr().err
