@@ -35,6 +35,7 @@ TAKEN = {
     "outputs",
     "train",
     "eval",
+    "predict",
     "data",
 }
 

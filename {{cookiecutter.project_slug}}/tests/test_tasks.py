@@ -76,3 +76,15 @@ def test_both_tasks_are_tasks_and_an_object_without_metrics_is_not() -> None:
             return outputs
 
     assert not isinstance(LossOnly(), Task)
+
+
+def test_each_tasks_predictions_are_its_logits_their_softmax_or_their_argmax_over_the_classes() -> None:
+    logits, _ = logits_and_labels()
+    cases = ((Classification(), logits, "class"), (LanguageModel(), logits.view(2, 3, 5), "token"))
+    for task, outputs, argmax in cases:
+        assert task.predictions == ("logits", "probs", argmax)  # the first: predict.py's default
+        assert task.predict(outputs, "logits") is outputs
+        assert torch.equal(task.predict(outputs, "probs"), torch.softmax(outputs, dim=-1))
+        assert torch.equal(task.predict(outputs, argmax), outputs.argmax(dim=-1))
+    half = Classification().predict(logits.half(), "probs")
+    assert half.dtype == torch.float32 and torch.allclose(half.sum(dim=1), torch.ones(6))

@@ -10,6 +10,10 @@ A task is any object with two methods, chosen by `task._target_`:
   `val_<name>`; the first one (by convention `loss`) is the validation loss.
 
 Outputs are what the model returns; targets what the data set's items carry after the input.
+
+Optionally, what predict.py saves of the outputs: `predict(outputs, kind)` returns a tensor whose first
+dimension is the batch's, and `predictions` names the kinds it takes (`predict_as=<kind>`), the first
+one the default. A task without them has the model's outputs saved as they are (a tensor).
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ class Task(Protocol):
 
 
 class Classification:
-    """Cross-entropy over classes; val_loss and val_acc."""
+    """Cross-entropy over classes; val_loss and val_acc. Predictions: the logits, their softmax
+    (`predict_as=probs`) or the class ids (`predict_as=class`, int64)."""
+
+    predictions = ("logits", "probs", "class")
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float(), labels, reduction="none")
@@ -43,10 +50,16 @@ class Classification:
     def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"loss": self.loss(logits, labels), "acc": (logits.argmax(dim=1) == labels).float()}
 
+    def predict(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
+        return predicted(logits, kind, dim=1)
+
 
 class LanguageModel:
     """Next-token cross-entropy; val_loss in nats per token (per byte for the byte-level model)
-    and val_bpb, bits per byte (the same loss in bits: a byte is a token here)."""
+    and val_bpb, bits per byte (the same loss in bits: a byte is a token here). Predictions, at each
+    position: the logits, their softmax (`predict_as=probs`) or the likeliest next token (`predict_as=token`)."""
+
+    predictions = ("logits", "probs", "token")
 
     def loss(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         per_token = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten(), reduction="none")
@@ -55,3 +68,15 @@ class LanguageModel:
     def metrics(self, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         loss = self.loss(logits, tokens)
         return {"loss": loss, "bpb": loss / math.log(2)}
+
+    def predict(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
+        return predicted(logits, kind, dim=-1)
+
+
+def predicted(logits: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
+    """The logits as they are, their softmax over `dim` (in float32), or their argmax (int64)."""
+    if kind == "logits":
+        return logits
+    if kind == "probs":
+        return F.softmax(logits.float(), dim=dim)
+    return logits.argmax(dim=dim)

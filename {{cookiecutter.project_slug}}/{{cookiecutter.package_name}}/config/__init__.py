@@ -1,10 +1,12 @@
-"""The configuration, in one place: its typed schema (schema.py: types and rules; each key's default
-and its one-line meaning live in configs/train.yaml and the group files, nowhere else), the rules a
-value is checked by (values.py), and the way from Hydra's composed config to checked dataclasses
-and back to plain values (compose.py). Imported by launcher and workers alike: no torch here."""
+"""The configuration, in one place: its typed schema (schema.py: types and rules; commands.py: the keys
+of the commands that read a checkpoint; each key's default and its one-line meaning live in
+configs/train.yaml and the group files, nowhere else), the rules a value is checked by (values.py), and
+the way from Hydra's composed config to checked dataclasses and back to plain values (compose.py).
+Imported by launcher and workers alike: no torch here."""
 
 from __future__ import annotations
 
+from .commands import PredictConfig
 from .compose import (
     CONFIG_GROUPS,
     compose_for_checkpoint,
@@ -40,6 +42,7 @@ __all__ = [
     "FSDPConfig",
     "HSDPConfig",
     "LogConfig",
+    "PredictConfig",
     "TrainConfig",
     "TrainerConfig",
     "compose_for_checkpoint",

@@ -198,7 +198,8 @@ def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
         return [data]
     sizes = all_gather_int(len(data), device)
     mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
-    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    if data:  # torch.frombuffer refuses an empty buffer; a rank may have nothing to say
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     gathered = [torch.empty_like(mine) for _ in sizes]
     dist.all_gather(gathered, mine)
     return [item[:size].cpu().numpy().tobytes() for item, size in zip(gathered, sizes, strict=True)]

@@ -1,4 +1,4 @@
-"""What train.py and eval.py hand their config to: checks, process group, logging, errors.
+"""What train.py, eval.py and predict.py hand their config to: checks, process group, logging, errors.
 
 User mistakes (ConfigError) end as one line (exit code 2, no traceback) before any process group
 exists; under the launcher they reach it through its control dir, and it stops the job and says
@@ -13,12 +13,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
-from ..config import compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
+from ..config import TrainConfig, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
 from ..errors import USER_ERROR_EXIT, ConfigError, JobError, Preempted, fail
 from ..observe.hangs import keep_ddp_working_on_gloo
 from ..observe.logs import setup_logging
@@ -58,7 +60,7 @@ def accept_legacy_local_rank(argv: list[str]) -> None:
 
 
 def prepare(argv: list[str]) -> None:
-    """What train.py and eval.py do before Hydra parses the command line."""
+    """What train.py, eval.py and predict.py do before Hydra parses the command line."""
     accept_legacy_local_rank(argv)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker: it dies with its torchrun agent
         die_with_parent()
@@ -134,34 +136,50 @@ def run_train(cfg: DictConfig) -> None:
     reporting_user_errors(body)
 
 
+def checkpoint_config(cfg: DictConfig, config_name: str) -> tuple[Path, dict[str, Any], TrainConfig]:
+    """What eval.py and predict.py start from: the checkpoint `ckpt_path` names (`best`: keep_best's), its
+    saved config checked by the trust rule before anything is built, then composed with the user's
+    overrides on the command's own yaml (`config_name`) and checked whole."""
+    if OmegaConf.is_missing(cfg, "ckpt_path"):
+        raise ConfigError("ckpt_path is required: give ckpt_path=<run>/checkpoints/step_<N>.pt (or step_<N>/, best)")
+    path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
+    if path.name == "best":  # checkpoint.keep_best's best one
+        path = best_checkpoint(path)
+    if not path.exists():
+        raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt (or step_<N>/) of a run")
+    try:
+        payload = load_checkpoint(path)
+    except NotACheckpoint as error:
+        raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
+    saved = payload.get("config", {})
+    overrides = list(HydraConfig.get().overrides.task)
+    given = {item.split("=", 1)[0].lstrip("+~") for item in overrides}  # a group given whole is not saved's
+    used = {section: value for section, value in saved.items() if section not in given}
+    check_trusted(used, bool(cfg.get("trust_checkpoint")), "trust_checkpoint=true")  # the user's, not saved's
+    config = to_train_config(compose_for_checkpoint(saved, overrides, config_name))
+    check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
+    return path, payload, config
+
+
+def checkpoint_model(path: Path, payload: dict[str, Any], config: TrainConfig, device: torch.device) -> nn.Module:
+    """The checkpoint's model on `device`, with its weights (the EMA's where the run kept one, as its
+    validation scored), whatever strategy wrote them: every rank reads the whole weights."""
+    model = build_model(config.model)
+    load_weights(path, model, payload)
+    if has_ema(path, payload):
+        log.info("evaluating the EMA of the weights (trainer.ema), as the run's validation did")
+    return model.to(device)
+
+
 def run_eval(cfg: DictConfig) -> None:
     """Evaluate `ckpt_path` exactly, on any number of processes; print the figures on rank 0."""
 
     def body() -> None:
-        path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
-        if path.name == "best":  # checkpoint.keep_best's best one
-            path = best_checkpoint(path)
-        if not path.exists():
-            raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt (or step_<N>/) of a run")
-        try:
-            payload = load_checkpoint(path)
-        except NotACheckpoint as error:
-            raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
-        saved = payload.get("config", {})
-        overrides = list(HydraConfig.get().overrides.task)
-        given = {item.split("=", 1)[0].lstrip("+~") for item in overrides}  # a group given whole is not saved's
-        used = {section: value for section, value in saved.items() if section not in given}
-        check_trusted(used, bool(cfg.get("trust_checkpoint")), "trust_checkpoint=true")  # the user's, not saved's
-        config = to_train_config(compose_for_checkpoint(saved, overrides))
-        check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
+        path, payload, config = checkpoint_config(cfg, "eval")
         process_env(config.dist)
         with distributed(config.dist) as env:
             setup_logging(None, env, config.log.all_ranks_console)
-            model = build_model(config.model)
-            load_weights(path, model, payload)  # whatever strategy wrote it: every rank reads the whole weights
-            if has_ema(path, payload):
-                log.info("evaluating the EMA of the weights (trainer.ema), as the run's validation did")
-            model.to(env.device)
+            model = checkpoint_model(path, payload, config, env.device)
             data = build_data(config.data, env, config.seed)
             result = evaluate(model, data.val_loader, build_task(config.task), env.device)
             log.info("evaluated %s (step %d) on %d processes", path, payload["step"], env.world_size)
