@@ -79,3 +79,15 @@ def test_two_ranks_pass_every_check_and_rank_zero_alone_prints_the_table() -> No
     size, _, algbw, busbw = rows[-1]
     assert float(busbw) == pytest.approx(float(algbw), abs=2e-3), "busbw = algbw * 2(n-1)/n = algbw at n=2"
     assert float(busbw) > 0
+
+
+def subgroup_and_bandwidth(env: DistEnv) -> tuple[str, tuple[float, float, float]]:
+    return comm_check.check_subgroup(env), comm_check.bus_bandwidth(env, 4096, 2)
+
+
+def test_four_ranks_reduce_in_a_true_subgroup_and_report_busbw_as_nccl_tests_does() -> None:
+    """Below 4 ranks the subgroup is every rank: 4 show a reduce over the default group would be caught (its
+    sum, 4, is not the subgroup's 2); busbw = algbw * 2(n-1)/n, here 1.5."""
+    for said, (micros, algbw, busbw) in on_ranks(4, subgroup_and_bandwidth):
+        assert said == "all_reduce in new_group(ranks=[0, 2])"
+        assert micros > 0 and busbw == pytest.approx(algbw * 1.5)
