@@ -91,22 +91,54 @@ def test_ema_and_the_recipe_resume_exactly_on_two_ranks(tmp_path: Path, strategy
     assert not torch.equal(*(next(iter(ranks[0]["whole"][key].values())) for key in ("ema", "weights")))
 
 
-def stop_early(env: DistEnv, run_dir: Path) -> tuple[int, str, bool]:
-    overrides = ["trainer.epochs=5", "trainer.val_every_n_steps=2", "trainer.early_stop_patience=2",
-                 "trainer.early_stop_min_delta=100"]  # fmt: skip  # nothing improves by 100: stops at the third
-    # 10 steps an epoch on two ranks: the stop at step 6 falls mid-epoch, where the loop itself must end.
-    config = to_train_config(compose_config([*TINY, "data.batch_size=8", "data.train_size=160", *overrides]))
-    trained = build_trainer(config, env, run_dir)
-    trained.fit()
-    again = build_trainer(config, env, run_dir)  # a relaunch
-    return trained.state.step, trained.monitor.stopped, again.finished()
+def stop_early(env: DistEnv, run_dir: Path) -> list[tuple[int, str, bool, dict]]:
+    """Two runs in one process group: one that nothing improves by 100 stops at its third validation (10 steps
+    an epoch on two ranks: step 6 falls mid-epoch, where the loop itself must end); one whose stop the
+    validation figures decide (val_acc, patience 1, any improvement counts)."""
+    recipes = {"by_rule": ["trainer.early_stop_patience=2", "trainer.early_stop_min_delta=100"],
+               "by_figures": ["trainer.early_stop_patience=1", "checkpoint.monitor=val_acc", "checkpoint.mode=max",
+                              "data.val_size=40"]}  # fmt: skip
+    ended = []
+    for name, recipe in recipes.items():
+        overrides = [*TINY, "data.batch_size=8", "data.train_size=160", "trainer.epochs=5",
+                     "trainer.val_every_n_steps=2", *recipe]  # fmt: skip
+        config = to_train_config(compose_config(overrides))
+        trained = build_trainer(config, env, run_dir / name)
+        trained.fit()
+        again = build_trainer(config, env, run_dir / name)  # a relaunch
+        ended.append((trained.state.step, trained.monitor.stopped, again.finished(), trained.monitor.state_dict()))
+    return ended
 
 
-def test_early_stopping_ends_every_rank_at_the_same_step_and_a_relaunch_has_finished(tmp_path: Path) -> None:
+def first_stop(figures: list[tuple[int, float]], patience: int) -> int | None:
+    """The step at which a run validated with these (step, figure) pairs, larger better, stops."""
+    best, bad = None, 0
+    for step, figure in figures:
+        if best is None or figure > best:
+            best, bad = figure, 0
+        else:
+            bad += 1
+            if bad >= patience:
+                return step
+    return None
+
+
+def test_early_stopping_ends_every_rank_at_the_step_the_global_figures_decide(tmp_path: Path) -> None:
     ranks = on_ranks(2, stop_early, tmp_path)
-    assert ranks[0] == ranks[1] == (6, ranks[0][1], True)
-    assert ranks[0][1].startswith("val_loss has not improved for 2 validations (patience 2; best ")
-    assert (tmp_path / FINISHED_MARKER).read_text() == "6\n"
+    (by_rule, by_figures), other = ranks[0], ranks[1]
+    assert [run[:3] for run in ranks[0]] == [run[:3] for run in other], "every rank at one step, for one reason"
+    assert by_rule[:3] == (6, by_rule[1], True)
+    assert by_rule[1].startswith("val_loss has not improved for 2 validations (patience 2; best ")
+    assert (tmp_path / "by_rule" / FINISHED_MARKER).read_text() == "6\n"
+    # The figures every rank decides on are the global ones rank 0 writes (each rank's half would differ).
+    records = [json.loads(line) for line in (tmp_path / "by_figures" / "metrics.jsonl").read_text().splitlines()]
+    figures = [(record["step"], record["val_acc"]) for record in records if record["kind"] == "val"]
+    assert by_figures[3] == other[1][3], "the same ranking on every rank"
+    stop = first_stop(figures, 1)
+    assert stop is not None and by_figures[0] == stop and figures[-1][0] == stop, (figures, by_figures)
+    assert by_figures[3]["monitor"]["reference"] == max(figure for _, figure in figures)
+    assert by_figures[3]["monitor"]["best"][0] == [next(s for s, f in figures if f == max(f for _, f in figures)),
+                                                   max(f for _, f in figures)]  # fmt: skip
 
 
 def test_a_plateau_scheduler_steps_with_the_monitored_figure_and_resumes_to_the_same_end(tmp_path: Path) -> None:
