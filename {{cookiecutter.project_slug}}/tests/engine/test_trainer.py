@@ -88,6 +88,17 @@ def train_stop_resume(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict
     return ends
 
 
+@pytest.mark.slow  # 25M parameters: 15-35 s on 2 cores
+def test_resnet50_a_default_model_choice_trains_and_resumes_bit_exactly(tmp_path: Path) -> None:
+    """The shipped resnet50 (53 BatchNorm layers), 16x16 images, on two ranks: a resumed run's weights and
+    buffers are the uninterrupted run's, bit for bit, and training changed them."""
+    job = ["strategy=ddp", "model=resnet50", "data.image_size=16", "data.num_classes=4"]
+    ends = on_ranks(2, train_stop_resume, tmp_path, job)[0]
+    assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
+    assert_same(ends["resumed"], ends["uninterrupted"], "resnet50's weights and buffers")
+    assert int(ends["resumed"]["bn1.num_batches_tracked"]) == 6 and ends["resumed"]["fc.weight"].shape == (4, 2048)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_model_with_buffers_resumes_bit_exactly_on_two_ranks(tmp_path: Path, strategy: str) -> None:
     """small_cnn's BatchNorm statistics: every rank holds rank 0's after each step (ddp broadcasts them
