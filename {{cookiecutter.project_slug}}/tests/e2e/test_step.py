@@ -77,7 +77,10 @@ def test_benchmark_smoke_mode_compares_the_loops(tmp_path: Path) -> None:
     proc = torchrun("benchmarks/bench.py", 2, "--smoke", "--precision=bf16", "--channels-last")
     lines = proc.stdout.splitlines()
     rates = {line.split()[0]: float(line.split()[1]) for line in lines if "images/s" in line}
-    assert {"project", "bare"} <= set(rates) and all(rate > 0 for rate in rates.values()), proc.stdout
+    # Lightning is in the dev extra: its column runs (its Trainer on the same model and data), not "not installed".
+    assert set(rates) == {"project", "bare", "lightning"} and all(rate > 0 for rate in rates.values()), proc.stdout
+    beside = float(next(line for line in lines if line.startswith("ratio project/lightning ")).split()[-1])
+    assert beside == pytest.approx(rates["project"] / rates["lightning"], rel=0.01), proc.stdout
     # The same work in both loops, and the project's really done: 3 steps of 2 x 32 images a round, the
     # warm-up round and one timed round.
     assert "work per round: project [192] images, bare [192] images; the project's trainer counted 6 " in proc.stdout
