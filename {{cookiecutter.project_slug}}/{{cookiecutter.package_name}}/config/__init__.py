@@ -13,6 +13,7 @@ from .compose import (
     to_plain_dict,
     to_train_config,
 )
+from .generate import GenerateConfig
 from .schema import (
     CheckpointConfig,
     DataConfig,
@@ -38,6 +39,7 @@ __all__ = [
     "DistConfig",
     "EvalConfig",
     "FSDPConfig",
+    "GenerateConfig",
     "HSDPConfig",
     "LogConfig",
     "TrainConfig",

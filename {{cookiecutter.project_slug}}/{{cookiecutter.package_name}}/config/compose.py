@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
 from ..redaction import redact
+from .generate import GenerateConfig
 from .schema import DataConfig, EvalConfig, LogConfig, TrainConfig, check_optim, check_scheduler
 from .values import require_target
 
@@ -22,6 +23,7 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(group="schema", name="train", node=TrainConfig, package="_global_")
     store.store(group="schema", name="eval", node=EvalConfig, package="_global_")
+    store.store(group="schema", name="generate", node=GenerateConfig, package="_global_")
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -82,8 +84,8 @@ def to_plain_dict(config: Any) -> dict[str, Any]:
 CONFIG_GROUPS = ("model", "data", "optim", "scheduler", "task")
 
 
-def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> DictConfig:
-    """The eval config: the checkpoint's own settings, then whatever the user overrode.
+def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], name: str = "eval") -> DictConfig:
+    """The eval config (or generate's, `name`): the checkpoint's own settings, then whatever the user overrode.
 
     Evaluating a checkpoint needs the settings it was trained with (the model, the data set,
     the seed the synthetic set is drawn from); the user only names what should differ. The
@@ -100,7 +102,7 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> 
         item for item in parsed if not item.is_delete() and into_a_saved_group(item.key_or_group, given, saved)
     ]
     rest = [line for item, line in zip(parsed, user_overrides, strict=True) if item not in into_saved]
-    composed = compose(config_name="eval", overrides=rest)
+    composed = compose(config_name=name, overrides=rest)
     merged = composed.copy()
     # A checkpoint from before the scheduler group holds the schedule's keys in optim: not optim's any more.
     saved = {**saved, "optim": {key: value for key, value in saved.get("optim", {}).items()
