@@ -14,6 +14,7 @@ import torch
 
 from {{cookiecutter.package_name}} import train as train_entry
 from {{cookiecutter.package_name}}.datasets import prepare, stdlib_sources, token_windows
+from {{cookiecutter.package_name}}.datasets import tokens as tokens_module
 from {{cookiecutter.package_name}}.datasets.tokens import prepare_tokens
 from {{cookiecutter.package_name}}.errors import USER_ERROR_EXIT, ConfigError
 from {{cookiecutter.package_name}}.tasks import LanguageModel
@@ -37,8 +38,12 @@ def stdlib_corpus(folder: Path, files: int = 10) -> Path:
 def bpe_folder(tmp_path_factory) -> Path:
     """A token folder written with a BPE trained on a small stdlib corpus (every 3rd file validation)."""
     root = tmp_path_factory.mktemp("bpe")
-    assert prepare.main(["tokens", str(stdlib_corpus(root / "corpus")), str(root / "tokens"),
-                         "--tokenizer", "bpe", "--vocab-size", str(VOCAB), "--val-every", "3"]) == 0  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        said: list[str] = []
+        patch.setattr(tokens_module, "say", said.append)
+        assert prepare.main(["tokens", str(stdlib_corpus(root / "corpus")), str(root / "tokens"),
+                             "--tokenizer", "bpe", "--vocab-size", str(VOCAB), "--val-every", "3"]) == 0  # fmt: skip
+    assert said[0].endswith(f"train with data=tokens data.root={root / 'tokens'} model.vocab_size={VOCAB}")
     return root / "tokens"
 
 

@@ -114,8 +114,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     """`prepare tokens`: the folder written, and summed up in one line."""
     corpus = None if args.corpus == STDLIB else args.corpus
     meta = prepare_tokens(corpus, args.out, args.val_every, args.repeat, args.force, args.tokenizer, args.vocab_size)
+    vocab = "" if meta["tokenizer"] == "bytes" else f" model.vocab_size={meta['vocab_size']}"
     say(f"{args.out}: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens "
-        f"from {meta['files']:,} files; train with data=tokens data.root={args.out}")  # fmt: skip
+        f"from {meta['files']:,} files; train with data=tokens data.root={args.out}{vocab}")  # fmt: skip
     return 0
 
 
