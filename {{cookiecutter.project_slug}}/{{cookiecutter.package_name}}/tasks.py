@@ -8,6 +8,8 @@ A task is any object with two methods, chosen by `task._target_`:
   sums them in float64 over the whole set, across ranks, and divides by the number of samples:
   the figures equal a one-process evaluation's at any world size. They are reported as
   `val_<name>`; the first one (by convention `loss`) is the validation loss.
+- optionally `summarise(means)`: the figures reported, from those means (a ratio of two sums over the
+  whole set: LanguageModel's bits per byte); without it, the means are the figures.
 
 Outputs are what the model returns; targets what the data set's items carry after the input.
 
@@ -23,6 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+
+from .tokenizer import of_folder
 
 
 @runtime_checkable
@@ -55,11 +59,24 @@ class Classification:
 
 
 class LanguageModel:
-    """Next-token cross-entropy; val_loss in nats per token (per byte for the byte-level model)
-    and val_bpb, bits per byte (the same loss in bits: a byte is a token here). Predictions, at each
-    position: the logits, their softmax (`predict_as=probs`) or the likeliest next token (`predict_as=token`)."""
+    """Next-token cross-entropy; val_loss in nats per token and val_bpb in bits per byte of text.
+
+    Over bytes a token is a byte, and val_bpb is val_loss in bits. Over a BPE's tokens (`vocab_from`: a
+    token folder of prepare tokens, which data=tokens passes; a key named `tokens` would be redacted as a
+    secret in checkpoints) val_bpb is the bits of every validation window's targets over the bytes of text
+    they stand for (the tokenizer's), summed over the whole set: it compares with a byte model's figure.
+    Predictions, at each position: the logits, their softmax (`predict_as=probs`) or the likeliest next
+    token (`predict_as=token`).
+    """
 
     predictions = ("logits", "probs", "token")
+
+    def __init__(self, vocab_from: str | None = None) -> None:
+        self.token_bytes: torch.Tensor | None = None  # bytes per id; None: every token is one byte
+        if vocab_from is not None:
+            tokenizer = of_folder(vocab_from)
+            if tokenizer.kind != "bytes":
+                self.token_bytes = torch.tensor(tokenizer.token_bytes(), dtype=torch.float64)
 
     def loss(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         per_token = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten(), reduction="none")
@@ -67,7 +84,18 @@ class LanguageModel:
 
     def metrics(self, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         loss = self.loss(logits, tokens)
-        return {"loss": loss, "bpb": loss / math.log(2)}
+        if self.token_bytes is None:
+            return {"loss": loss, "bpb": loss / math.log(2)}
+        self.token_bytes = self.token_bytes.to(tokens.device)
+        # A window's bits and its bytes: summed over the set by evaluation, divided by summarise.
+        return {"loss": loss, "bits": loss.double() * tokens.shape[1] / math.log(2),
+                "bytes": self.token_bytes[tokens].sum(dim=1)}  # fmt: skip
+
+    def summarise(self, means: dict[str, float]) -> dict[str, float]:
+        """val_bpb of a BPE: all the windows' bits over all their bytes (the means' ratio is the sums')."""
+        if "bytes" not in means:
+            return means
+        return {"loss": means["loss"], "bpb": means["bits"] / means["bytes"]}
 
     def predict(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
         return predicted(logits, kind, dim=-1)

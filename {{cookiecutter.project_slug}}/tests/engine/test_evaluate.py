@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.batch import model_forward
 from {{cookiecutter.package_name}}.engine.build import build_trainer
 from {{cookiecutter.package_name}}.engine.data import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
@@ -103,3 +104,34 @@ def fsdp_validation(env, run_dir) -> EvalResult:  # noqa: ANN001
 def test_validation_under_fsdp_runs_as_many_forwards_on_every_rank_and_counts_each_sample_once(tmp_path) -> None:
     first, second = on_ranks(2, fsdp_validation, tmp_path, timeout=60)
     assert first == second and first.samples == 5 and first.metrics["loss"] > 0
+
+
+class WeightedLoss(Classification):
+    """A figure that is a ratio of two sums over the whole set (as LanguageModel's bits per byte of a BPE):
+    each sample's loss weighted by its label + 1, over the sum of the weights."""
+
+    def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        weights = labels.double() + 1
+        return {"weighted": self.loss(logits, labels).double() * weights, "weights": weights}
+
+    def summarise(self, means: dict[str, float]) -> dict[str, float]:
+        return {"loss": means["weighted"] / means["weights"]}
+
+
+def evaluate_weighted(env) -> EvalResult:  # noqa: ANN001
+    data = build_data(sequence_data(batch_size=2), env, seed=0)
+    torch.manual_seed(0)
+    return evaluate(BagOfTokens(), data.val_loader, WeightedLoss(), env.device, lockstep=True)
+
+
+def test_a_tasks_summarise_turns_the_sums_over_the_whole_set_into_its_figures_at_any_world_size() -> None:
+    one = evaluate_weighted(cpu_env(0, 1))
+    loader = build_data(sequence_data(batch_size=5), cpu_env(0, 1), seed=0).val_loader
+    torch.manual_seed(0)
+    model = BagOfTokens().eval()
+    with torch.no_grad():
+        batches = [WeightedLoss().metrics(model_forward(model, x), y) for x, y, *_ in loader]
+    weighted, weights = (torch.cat([batch[name] for batch in batches]) for name in ("weighted", "weights"))
+    assert one.metrics == {"loss": pytest.approx((weighted.sum() / weights.sum()).item())}
+    two = on_ranks(2, evaluate_weighted)
+    assert two[0] == two[1] and two[0].metrics == pytest.approx(one.metrics, rel=1e-9)

@@ -15,6 +15,7 @@ from .compose import (
     to_plain_dict,
     to_train_config,
 )
+from .generate import GenerateConfig
 from .schema import (
     CheckpointConfig,
     DataConfig,
@@ -40,6 +41,7 @@ __all__ = [
     "DistConfig",
     "EvalConfig",
     "FSDPConfig",
+    "GenerateConfig",
     "HSDPConfig",
     "LogConfig",
     "PredictConfig",

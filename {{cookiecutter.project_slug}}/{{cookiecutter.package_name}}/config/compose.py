@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import ConfigError
 from ..redaction import redact
 from .commands import PredictConfig
+from .generate import GenerateConfig
 from .schema import DataConfig, EvalConfig, LogConfig, TrainConfig, check_optim, check_scheduler
 from .values import require_target
 
@@ -24,6 +25,7 @@ def register_configs() -> None:
     store.store(group="schema", name="train", node=TrainConfig, package="_global_")
     store.store(group="schema", name="eval", node=EvalConfig, package="_global_")
     store.store(group="schema", name="predict", node=PredictConfig, package="_global_")
+    store.store(group="schema", name="generate", node=GenerateConfig, package="_global_")
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -85,7 +87,8 @@ CONFIG_GROUPS = ("model", "data", "optim", "scheduler", "task")
 
 
 def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], config_name: str = "eval") -> DictConfig:
-    """The eval (or predict) config: the checkpoint's own settings, then whatever the user overrode.
+    """The eval config (or predict's, generate's: `config_name`): the checkpoint's own settings, then
+    whatever the user overrode.
 
     Evaluating a checkpoint needs the settings it was trained with (the model, the data set,
     the seed the synthetic set is drawn from); the user only names what should differ. The

@@ -3,11 +3,11 @@
 Prepared once (`python -m <package>.datasets.prepare tokens CORPUS OUT`, prepare.py): the corpus that
 `data=text` reads, split by file by the same rule, streamed file by file into OUT/train.bin and
 OUT/val.bin, with OUT/meta.json saying how, and an id, new at each prepare, that a checkpoint records
-(engine/compatibility.py: a resume on data prepared again is refused). Tokens are bytes today (a
-vocabulary of 256); meta.json names the tokenizer and the dtype, so a tokenizer's ids can be written
-the same way. Training (`data=tokens`) draws the same windows as `data=text` does from the same
-corpus, read from the map of each file, which each process (and each DataLoader worker) opens on its
-first window.
+(engine/compatibility.py: a resume on data prepared again is refused). Tokens are bytes by default (a
+vocabulary of 256), or a byte-level BPE's ids (`--tokenizer bpe|FILE`, tokenizer.py); meta.json names
+the tokenizer and the dtype. Training (`data=tokens`) draws the same windows as `data=text` does from
+the same corpus, read from the map of each file, which each process (and each DataLoader worker) opens
+on its first window.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, say
+from ..tokenizer import chosen, save, write_ids
 from .corpus import PREPARING, TextWindows, text_files
 
 FORMAT = 1
@@ -39,11 +40,15 @@ PREPARE_COMMAND = f"python -m {__package__}.prepare tokens"
 # --- preparing: a corpus into OUT/{train,val}.bin and OUT/meta.json
 
 
-def prepare_tokens(corpus: str | None, out: Path, val_every: int = 10, repeat: int = 1, force: bool = False) -> dict:
+def prepare_tokens(
+    corpus: str | None, out: Path, val_every: int = 10, repeat: int = 1, force: bool = False,
+    tokenizer: str | None = None, vocab_size: int | None = None,
+) -> dict:  # fmt: skip
     """Write the token folder `out` from a corpus (text_files' rule: a folder, a glob, None for the
     stdlib's sources; never `out` itself nor other prepared data inside it), `repeat` times over,
     atomically: a hidden folder beside it, renamed at the end (one a killed prepare left is removed
-    by the next). An existing `out` is refused unless `force`. Returns meta.json's contents."""
+    by the next). An existing `out` is refused unless `force`. `tokenizer`: bytes (None), bpe (trained
+    on the training files, `vocab_size` ids) or a tokenizer.json (tokenizer.py). Returns meta.json's contents."""
     if val_every < 2 or repeat < 1:
         raise ConfigError(f"--val-every must be >= 2 and --repeat >= 1, got {val_every} and {repeat}")
     if out.exists() and not force:
@@ -54,13 +59,18 @@ def prepare_tokens(corpus: str | None, out: Path, val_every: int = 10, repeat: i
     if len(files) < 2:
         raise ConfigError(f"corpus {corpus}: found {len(files)} file(s); a text corpus needs at least 2")
     check_splits(corpus, files * repeat, val_every)
+    training_files = [path for number, path in enumerate(files) if number % val_every]
+    chosen_tokenizer = chosen(tokenizer, vocab_size, training_files)
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in remove_stale_folders(out):
         say(f"removed {stale}, a half-written folder of a prepare that stopped before its end")
     staging, lock = locked_folder(out)
     try:
-        counts = write_splits(files, staging, val_every, repeat)
-        meta = {"format": FORMAT, "tokenizer": "bytes", "vocab_size": 256, "dtype": "uint8",
+        if chosen_tokenizer.kind == "bytes":
+            counts = write_splits(files, staging, val_every, repeat)
+        else:
+            counts = write_ids(chosen_tokenizer, files, staging, val_every, repeat)
+        meta = {"format": FORMAT, **save(chosen_tokenizer, staging),
                 "train_tokens": counts[0], "val_tokens": counts[1], "files": len(files) * repeat,
                 "repeat": repeat, "val_every": val_every, "corpus": STDLIB if corpus is None else corpus,
                 "id": uuid.uuid4().hex}  # fmt: skip  # new at each prepare: a resume sees the data changed
@@ -166,15 +176,19 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-every", type=int, default=10, help="every Nth file (sorted by path) is validation")
     parser.add_argument("--repeat", type=int, default=1, help="the corpus this many times over (benchmarks)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--tokenizer", default="bytes", help="bytes (the default), bpe (a byte-level BPE trained on "
+                        "the training files) or a tokenizer.json to use")  # fmt: skip
+    parser.add_argument("--vocab-size", type=int, help="--tokenizer bpe: its number of ids")
     parser.set_defaults(prepare=run_prepare)
 
 
 def run_prepare(args: argparse.Namespace) -> int:
     """`prepare tokens`: the folder written, and summed up in one line."""
     corpus = None if args.corpus == STDLIB else args.corpus
-    meta = prepare_tokens(corpus, args.out, args.val_every, args.repeat, args.force)
+    meta = prepare_tokens(corpus, args.out, args.val_every, args.repeat, args.force, args.tokenizer, args.vocab_size)
+    vocab = "" if meta["tokenizer"] == "bytes" else f" model.vocab_size={meta['vocab_size']}"
     say(f"{args.out}: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens "
-        f"from {meta['files']:,} files; train with data=tokens data.root={args.out}")  # fmt: skip
+        f"from {meta['files']:,} files; train with data=tokens data.root={args.out}{vocab}")  # fmt: skip
     return 0
 
 
@@ -227,10 +241,16 @@ def read_meta(root: str) -> dict[str, Any]:
 
 
 def token_windows(
-    root: str, block_size: int, train_samples: int, val_samples: int
+    root: str, block_size: int, train_samples: int, val_samples: int, vocab_size: int | None = None
 ) -> tuple[TokenWindows, TokenWindows]:
-    """The token folder `root` (prepare tokens): the training and validation windows of data=text."""
+    """The token folder `root` (prepare tokens): the training and validation windows of data=text.
+    `vocab_size`, the model's (configs/data/tokens.yaml passes model.vocab_size), must be its tokenizer's."""
     meta = read_meta(root)
+    if vocab_size is not None and vocab_size != meta["vocab_size"]:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size}, but the tokens of data.root={root} have {meta['vocab_size']} ids "
+            f"({meta['tokenizer']}, its meta.json): set model.vocab_size={meta['vocab_size']}"
+        )
     train, val = (
         TokenWindows(Path(root) / f"{split}.bin", meta[f"{split}_tokens"], meta["dtype"], block_size, samples, random)
         for split, samples, random in (("train", train_samples, True), ("val", val_samples, False))

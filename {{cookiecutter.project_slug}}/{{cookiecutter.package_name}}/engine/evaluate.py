@@ -72,7 +72,15 @@ def evaluate(
     all_reduce_sum(samples)
     model.train(was_training)
     count = max(int(samples.item()), 1)
-    return EvalResult(dict(zip(names, (total / count for total in sums.tolist()), strict=True)), int(samples.item()))  # type: ignore[arg-type]
+    means = dict(zip(names, (total / count for total in sums.tolist()), strict=True))  # type: ignore[arg-type]
+    return EvalResult(summarised(task, means), int(samples.item()))
+
+
+def summarised(task: Any, means: dict[str, float]) -> dict[str, float]:
+    """The figures: the task's `summarise(means)` where it has one (a ratio of two sums over the whole set,
+    as LanguageModel's bits per byte of a BPE), else the means of its per-sample values."""
+    summarise = getattr(task, "summarise", None)
+    return summarise(means) if callable(summarise) else means
 
 
 def one_sample(loader: DataLoader) -> Any:
@@ -91,4 +99,4 @@ def metric_names(model: nn.Module, loader: DataLoader, task: Any, device: torch.
     inputs, targets, _, _ = one_sample(loader)
     names = list(task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device)))
     model.train(was_training)
-    return [f"val_{name}" for name in names]
+    return [f"val_{name}" for name in summarised(task, dict.fromkeys(names, 1.0))]
