@@ -17,18 +17,14 @@ from pathlib import Path
 
 import hydra
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch import nn
 
-from .config import GenerateConfig, compose_for_checkpoint, config_dir, let_group_keys_through, to_train_config
-from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
-from .engine.checkpoint.trust import check_trusted
+from .config import GenerateConfig, config_dir, let_group_keys_through
 from .engine.checkpoint.weights import load_weights
 from .engine.components import build_model, locate
-from .engine.entry import prepare, reporting_user_errors
+from .engine.entry import checkpoint_config, prepare, reporting_user_errors
 from .errors import ConfigError
-from .storage import local_path
 from .tasks import LanguageModel
 from .tokenizer import Tokenizer, find, of_folder
 
@@ -93,21 +89,7 @@ def run_generate(cfg: DictConfig) -> None:
             raise ConfigError(
                 "generate runs in one process (sampling is sequential): run it with python -m, not torchrun"
             )
-        path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
-        if path.name == "best":  # checkpoint.keep_best's best one
-            path = best_checkpoint(path)
-        if not path.exists():
-            raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt (or step_<N>/) of a run")
-        try:
-            payload = load_checkpoint(path)
-        except NotACheckpoint as error:
-            raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
-        saved = payload.get("config", {})
-        overrides = list(HydraConfig.get().overrides.task)
-        given = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
-        used = {section: value for section, value in saved.items() if section not in given}
-        check_trusted(used, bool(cfg.get("trust_checkpoint")), "trust_checkpoint=true")  # before anything is built
-        config = to_train_config(compose_for_checkpoint(saved, overrides, "generate"))
+        path, payload, config = checkpoint_config(cfg, "generate", components=False)
         assert isinstance(config, GenerateConfig)
         task = locate(str(config.task["_target_"]))
         if not (isinstance(task, type) and issubclass(task, LanguageModel)):

@@ -136,10 +136,13 @@ def run_train(cfg: DictConfig) -> None:
     reporting_user_errors(body)
 
 
-def checkpoint_config(cfg: DictConfig, config_name: str) -> tuple[Path, dict[str, Any], TrainConfig]:
-    """What eval.py and predict.py start from: the checkpoint `ckpt_path` names (`best`: keep_best's), its
-    saved config checked by the trust rule before anything is built, then composed with the user's
-    overrides on the command's own yaml (`config_name`) and checked whole."""
+def checkpoint_config(
+    cfg: DictConfig, config_name: str, components: bool = True
+) -> tuple[Path, dict[str, Any], TrainConfig]:
+    """What eval.py, predict.py and generate.py start from: the checkpoint `ckpt_path` names (`best`:
+    keep_best's), its saved config checked by the trust rule before anything is built, then composed with
+    the user's overrides on the command's own yaml (`config_name`) and, with `components`, checked whole
+    (generate reads no data set)."""
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise ConfigError("ckpt_path is required: give ckpt_path=<run>/checkpoints/step_<N>.pt (or step_<N>/, best)")
     path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
@@ -157,7 +160,8 @@ def checkpoint_config(cfg: DictConfig, config_name: str) -> tuple[Path, dict[str
     used = {section: value for section, value in saved.items() if section not in given}
     check_trusted(used, bool(cfg.get("trust_checkpoint")), "trust_checkpoint=true")  # the user's, not saved's
     config = to_train_config(compose_for_checkpoint(saved, overrides, config_name))
-    check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
+    if components:
+        check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
     return path, payload, config
 
 
