@@ -37,6 +37,8 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
     refuse_unknown_keys(cfg, config)
     require_target("model", config.model)
     require_target("task", config.task)
+    for name, node in (config.callbacks or {}).items():
+        require_target(f"callbacks.{name}", node)
     check_optim(config.optim)
     check_scheduler(config.scheduler)
     config.data = DataConfig.from_node(config.data)

@@ -261,6 +261,7 @@ class TrainConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     hsdp: HSDPConfig = field(default_factory=HSDPConfig)
     trust_checkpoint: bool = False  # engine/checkpoint/trust.py
+    callbacks: Any = field(default_factory=dict)  # name -> _target_ and its arguments (engine/callbacks.py)
 
     def check(self) -> None:
         require_choice("strategy", self.strategy, tuple(STRATEGY_SECTIONS))
