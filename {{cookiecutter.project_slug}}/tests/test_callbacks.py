@@ -31,8 +31,12 @@ class Snapshots:
         self.on_step_end(run)
 
     def on_step_end(self, run) -> None:
-        local = {name: getattr(p, "to_local", lambda p=p: p)().detach().clone() for name, p in run.model.named_parameters()}
-        self.after.append(local)
+        self.after.append({name: local_values(p) for name, p in run.model.named_parameters()})
+
+
+def local_values(parameter: torch.Tensor) -> torch.Tensor:
+    """This rank's values of a parameter: its shard under fsdp."""
+    return (parameter.to_local() if hasattr(parameter, "to_local") else parameter).detach().clone()
 
 
 def freeze_two_steps(env: DistEnv, run_dir: Path, strategy: str) -> list[dict[str, bool]]:
@@ -70,7 +74,8 @@ def test_a_figure_every_k_steps_and_a_second_validation_set_reach_metrics_jsonl(
                   f"+callbacks.norm._target_={PACKAGE}.callbacks.LogWeightNorm", "+callbacks.norm.every=2",
                   f"+callbacks.val2._target_={PACKAGE}.callbacks.SecondValidation", "+callbacks.val2.every=1",
                   f"{dataset}._target_={PACKAGE}.datasets.synthetic_images", f"{dataset}.num_classes=10",
-                  f"{dataset}.image_size=32", f"{dataset}.train_size=8", f"{dataset}.val_size=16", f"{dataset}.seed=0")  # fmt: skip
+                  f"{dataset}.image_size=32", f"{dataset}.train_size=8", f"{dataset}.val_size=16",
+                  f"{dataset}.seed=0")  # fmt: skip
     run.fit()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     norms = [(r["step"], r["weights/norm"]) for r in records if "weights/norm" in r]

@@ -71,4 +71,3 @@ class SecondValidation:
         if run.step % self.every == 0:
             for metric, value in run.evaluate(self.dataset).items():
                 run.log(f"{self.name}/{metric}", value)
-

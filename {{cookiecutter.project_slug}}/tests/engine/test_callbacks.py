@@ -110,8 +110,8 @@ def test_a_callback_that_raises_stops_the_run_with_one_line_naming_it(tmp_path: 
 def train_stop_resume(env: DistEnv, run_dir: Path, strategy: str) -> dict:
     """6 steps with a checkpoint at step 4; then a restarted job resumes from it and trains steps 5 and 6
     (as tests/engine/test_trainer.py's resume): each run's callback state at its end, on this rank."""
-    overrides = [*TINY, "data.train_size=96", "data.batch_size=8", "checkpoint.every_n_steps=4",
-                 f"strategy={strategy}", f"+callbacks.mean._target_={HERE}.NoisyMean", "+callbacks.mean.seed=7"]  # fmt: skip
+    overrides = [*TINY, "data.train_size=96", "data.batch_size=8", "checkpoint.every_n_steps=4", f"strategy={strategy}",
+                 f"+callbacks.mean._target_={HERE}.NoisyMean", "+callbacks.mean.seed=7"]  # fmt: skip
     config = to_train_config(compose_config(overrides))
     ends = {}
     for name in ("uninterrupted", "resumed"):

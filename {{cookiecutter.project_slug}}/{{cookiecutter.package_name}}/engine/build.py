@@ -108,9 +108,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     state, generators = TrainState(), RankGenerators(config.seed, env)
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)
     same_data = SamePreparedData(data.prepared, config.checkpoint.allow_changes)  # data prepared again: refused
-    owners = [state, runner, schedule, monitor, ema, same_data,
-              *(sink for sink in sinks if hasattr(sink, "state_dict")),
-              *([CallbackStates(callbacks, env)] if callbacks.stateful() else []), generators]  # fmt: skip  # generators last
+    states = [CallbackStates(callbacks, env)] if callbacks.stateful() else []  # every rank's callbacks' states
+    owners = [state, runner, schedule, monitor, ema, same_data,  # the generators last
+              *(sink for sink in sinks if hasattr(sink, "state_dict")), *states, generators]  # fmt: skip
     plain_config = to_plain_dict(config)
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir

@@ -21,8 +21,8 @@ import torch
 
 from ..config import TrainConfig
 from ..errors import JobError, Preempted
-from ..observe.hangs import StallWatch
 from ..observe.figures import Throughput
+from ..observe.hangs import StallWatch
 from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
 from ..placement import DistEnv
