@@ -1,8 +1,7 @@
-"""Typed schema of the configuration: types and rules live here; each key's default and its
-one-line meaning live in configs/train.yaml (and the group files), nowhere else.
-
-Every yaml file under configs/ extends one of these dataclasses, so Hydra rejects a wrong
-type at composition time; each section's `check()` runs before any work (compose.py).
+"""Typed schema of the configuration: types and rules live here; each key's default and its one-line
+meaning live in configs/train.yaml (and the group files), nowhere else. Every yaml file under configs/
+extends one of these dataclasses, so Hydra rejects a wrong type at composition time; each section's
+`check()` runs before any work (compose.py).
 """
 
 from __future__ import annotations
