@@ -5,6 +5,7 @@ checkpoint whose config names them)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,18 @@ def test_a_figure_every_k_steps_and_a_second_validation_set_reach_metrics_jsonl(
         assert val2[(step, "val2/acc")] == val[step]["val_acc"]
 
 
-def test_eval_reads_a_checkpoint_whose_config_names_the_example_callbacks(tmp_path: Path) -> None:
-    from {{cookiecutter.package_name}}.engine.checkpoint.trust import check_trusted
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
+def test_eval_evaluates_a_checkpoint_whose_config_names_the_example_callbacks_and_runs_none(
+    in_process, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from {{cookiecutter.package_name}} import eval as eval_entry
 
-    run = trainer(tmp_path, f"+callbacks.norm._target_={PACKAGE}.callbacks.LogWeightNorm", "+callbacks.norm.every=2")
-    check_trusted(run.checkpoints.plain_config, trust=False, opt_in="trust_checkpoint=true")  # no error
+    run = trainer(tmp_path, "trainer.max_steps=2", f"+callbacks.norm._target_={PACKAGE}.callbacks.LogWeightNorm",
+                  "+callbacks.norm.every=1")  # fmt: skip
+    figures = run.fit().line()
+    lines = (tmp_path / "metrics.jsonl").read_text().count("weights/norm")
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={tmp_path / 'checkpoints' / 'step_00000002.pt'}"])
+    eval_entry.main()
+    assert capsys.readouterr().out == figures + "\n" and in_process == [0]
+    assert (tmp_path / "metrics.jsonl").read_text().count("weights/norm") == lines == 2, "eval runs no callback"

@@ -110,6 +110,8 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str]) -> 
     for section, value in saved.items():
         if section in given or section not in composed or section == "trust_checkpoint":  # the user's own say
             continue
+        if section == "callbacks":  # eval, the export and predict run no callbacks
+            continue
         if section in CONFIG_GROUPS:
             merged[section] = value
         else:
