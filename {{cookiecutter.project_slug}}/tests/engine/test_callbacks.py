@@ -144,3 +144,15 @@ def test_a_callbacks_figures_reach_metrics_jsonl(tmp_path: Path) -> None:
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records == [{"kind": "callback", "step": 0, "epoch": 0, "extra/figure": 0.5},
                        {"kind": "callback", "step": 0, "epoch": 0, "callbacks/plain": 2.0}]  # fmt: skip
+
+
+def test_on_another_world_size_every_rank_takes_rank_zeros_state_and_a_new_callback_starts_afresh() -> None:
+    from {{cookiecutter.package_name}}.engine.callbacks import Callbacks, CallbackStates
+
+    saved = [{"mean": {"count": 4, "mean": torch.tensor(0.25), "generator": None}},
+             {"mean": {"count": 4, "mean": torch.tensor(0.75), "generator": None}}]  # fmt: skip
+    for rank, world_size, expected in ((1, 2, 0.75), (2, 3, 0.25)):
+        callbacks = Callbacks({"mean": NoisyMean(0), "new": NoisyMean(0)})
+        env = DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
+        CallbackStates(callbacks, env).load_state_dict({"callbacks": saved})
+        assert callbacks.named["mean"].mean.item() == expected and callbacks.named["new"].count == 0
