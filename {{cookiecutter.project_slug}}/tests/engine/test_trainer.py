@@ -129,8 +129,8 @@ def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weig
                                                      r"\(validated in \d+\.\d s\)", line)]  # fmt: skip
     assert [line.split(":")[0] for line in between] == ["step 2", "step 4"], "not step 3's: the epoch's end says it"
     assert all(float(re.findall(r"validated in (\S+) s", line)[0]) < 600 for line in between), "its own time"
-    rates = [int(rate) for line in said for rate in re.findall(r"^epoch \d+ step \d+: train_loss=\S+ lr=\S+ (\d+) "
-                                                              r"samples/s$", line)]  # fmt: skip
+    line_format = r"^epoch \d+ step \d+: train_loss=\S+ lr=\S+ grad_norm=\S+ (\d+) samples/s$"
+    rates = [int(rate) for line in said for rate in re.findall(line_format, line)]
     assert rates and min(rates) >= 1, f"each interval's own rate: {said}"
     (epoch,) = [re.fullmatch(r"epoch 1/5 done in (\d+\.\d) s \((\d+) samples/s\): val_loss=\S+ val_acc=\S+ "
                              r"val_samples=16", line) for line in said if " done in " in line]  # fmt: skip

@@ -104,14 +104,8 @@ class Trainer:
             **self.throughput.figures(interval.samples / max(elapsed, 1e-9), self.env),
         }
         self.metrics.write("train", **values)
-        log.info(
-            "epoch %d step %d: train_loss=%.4f lr=%.4g %.0f samples/s",
-            values["epoch"],
-            values["step"],
-            train_loss,
-            values["lr"],
-            values["samples_per_s"],
-        )
+        log.info("epoch %d step %d: train_loss=%.4f lr=%.4g grad_norm=%.4g %.0f samples/s", values["epoch"],
+                 values["step"], train_loss, values["lr"], values["grad_norm"], values["samples_per_s"])  # fmt: skip
         if progress_bar is not None:
             progress_bar.set_postfix(
                 step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
