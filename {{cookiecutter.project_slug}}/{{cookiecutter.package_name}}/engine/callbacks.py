@@ -46,6 +46,7 @@ class Run:
         self.device: torch.device = trainer.env.device
         self.run_dir: Path = trainer.run_dir
         self.config = trainer.config
+        self._loaders: dict[int, tuple[Any, torch.utils.data.DataLoader]] = {}  # run.evaluate's, by data set
 
     @property
     def step(self) -> int:
@@ -68,7 +69,10 @@ class Run:
     def evaluate(self, dataset: Any) -> dict[str, float]:
         """The task's metrics over a map-style data set, exact and the same on every rank (each evaluates
         its share, as the validation does): a collective, so every rank calls it at the same step."""
-        return self._trainer.evaluate_on(dataset)
+        if id(dataset) not in self._loaders:  # built once (its workers too); the data set kept alive with it
+            loader = eval_loader(dataset, self.config.data, self._trainer.env, self.config.seed)
+            self._loaders[id(dataset)] = (dataset, loader)
+        return self._trainer.evaluate_on(self._loaders[id(dataset)][1])
 
 
 class Callbacks:

@@ -27,7 +27,7 @@ from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
 from ..placement import DistEnv
 from ..run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
-from .callbacks import Callbacks, eval_loader
+from .callbacks import Callbacks
 from .checkpoint.manager import CheckpointManager
 from .compatibility import run_finished
 from .data import Data
@@ -199,9 +199,9 @@ class Trainer:
         with self.ema.swapped_in():  # trainer.ema: the average is what is validated
             return evaluate(self.model, loader, self.task, self.env.device, lockstep=lockstep)
 
-    def evaluate_on(self, dataset: Any) -> dict[str, float]:
-        """The task's metrics over another data set, as the validation evaluates (a callback's run.evaluate)."""
-        return self.validate(eval_loader(dataset, self.config.data, self.env, self.config.seed)).metrics
+    def evaluate_on(self, loader: Any) -> dict[str, float]:
+        """The task's metrics over another data set's loader, as the validation evaluates (run.evaluate)."""
+        return self.validate(loader).metrics
 
     def validation(self, epoch_end: bool = False) -> EvalResult:
         """Validate at this step, record it, and let the monitor rank it: a checkpoint of this step
