@@ -84,9 +84,9 @@ class Trainer:
 
     def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
         # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
-        # norm (the same on every rank) with it.
+        # norm (the same on every rank) with it, on the loss's device (fsdp.cpu_offload's is the CPU).
         grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
-        sums = all_reduce_sum(torch.stack([interval.loss_sum, grad_norms.to(interval.loss_sum.dtype)])).tolist()
+        sums = all_reduce_sum(torch.stack([interval.loss_sum, grad_norms.to(interval.loss_sum)])).tolist()
         elapsed = time.perf_counter() - interval.started
         train_loss = sums[0] / (self.env.world_size * interval.steps)
         if not math.isfinite(train_loss):  # the same sum on every rank: all stop at this step
