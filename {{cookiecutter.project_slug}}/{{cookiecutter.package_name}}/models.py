@@ -87,6 +87,12 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
 
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward and backward) per token: 6 per parameter, and attention's 12 per layer,
+        width and position (PaLM's appendix B); the log line's MFU (observe/figures.py)."""
+        layers, width = len(self.blocks), self.head.in_features
+        return 6 * count_parameters(self) + 12 * layers * width * seq_len
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of the next token at every position: (batch, length, vocab_size)."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)

@@ -82,6 +82,10 @@ class LanguageModel:
         per_token = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten(), reduction="none")
         return per_token.view(tokens.shape).mean(dim=1)  # every sequence has the same length
 
+    def tokens_per_sample(self, tokens: torch.Tensor) -> int:
+        """A sample's tokens (its sequence length): the log line's tokens_per_s (observe/figures.py)."""
+        return tokens.shape[-1]
+
     def metrics(self, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         loss = self.loss(logits, tokens)
         if self.token_bytes is None:

@@ -21,7 +21,7 @@ import torch
 from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints, load_checkpoint
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
 
-from ..helpers import PROJECT_DIR, PYTHON, job_env, run
+from ..helpers import PROJECT_DIR, PYTHON, assert_same, job_env, run
 
 # --- jobs in subprocesses: torchrun, the launch scripts
 
@@ -110,7 +110,8 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def assert_bit_identical(run_a: Path, run_b: Path, step: int) -> None:
-    """The two runs' checkpoints of `step` hold the same model, optimizer state and position."""
+    """The two runs' checkpoints of `step` hold the same model, optimizer state, position and every rank's
+    callbacks' states."""
     a, b = read_checkpoint(checkpoint_of(run_a, step)), read_checkpoint(checkpoint_of(run_b, step))
     assert a["model"].keys() == b["model"].keys()
     for key, tensor in a["model"].items():
@@ -119,6 +120,7 @@ def assert_bit_identical(run_a: Path, run_b: Path, step: int) -> None:
         for key, tensor in state.items():
             assert torch.equal(tensor, b["optimizer"]["state"][index][key]), f"optimizer state {index}.{key} differs"
     assert (a["epoch"], a["step"], a["samples_in_epoch"]) == (b["epoch"], b["step"], b["samples_in_epoch"])
+    assert_same(a.get("callbacks"), b.get("callbacks"), "the callbacks' states")
 
 
 def samples_per_epoch(run_dir: Path) -> dict[int, list[int]]:

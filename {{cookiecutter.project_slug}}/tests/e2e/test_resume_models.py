@@ -1,6 +1,7 @@
 """Every model the template ships, under every strategy: a worker SIGKILLed mid-run, torchrun's
 restart resumes it, and the run ends bit-identical to an uninterrupted one (weights, buffers,
-optimizer state). small_cnn and resnet18 have BatchNorm buffers; gpt has dropout.
+optimizer state, and the per-rank state of a callback, tests/engine/test_callbacks.py's NoisyMean).
+small_cnn and resnet18 have BatchNorm buffers; gpt has dropout.
 
 Two pairs are the subject of tests of their own, which also kill mid-run and compare bit for bit:
 small_cnn under ddp (tests/e2e/test_resume.py, killed three times) and gpt under fsdp
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import assert_bit_identical, finish, start, steps_saved, wait_for, worker_pid
+from .jobs import assert_bit_identical, checkpoint_of, finish, read_checkpoint, start, steps_saved, wait_for, worker_pid
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,8 @@ JOBS = {
     "gpt": ["task=language_model", "model.width=32", "model.layers=2", "model.dropout=0.1",
             "data.train_samples=192", "data.val_samples=50", "trainer.epochs=1"],
 }  # fmt: skip
-COMMON = ["checkpoint.every_n_steps=2", "checkpoint.keep_last=20", "trainer.log_every_n_steps=2"]
+COMMON = ["checkpoint.every_n_steps=2", "checkpoint.keep_last=20", "trainer.log_every_n_steps=2",
+          "+callbacks.mean._target_=tests.engine.test_callbacks.NoisyMean", "+callbacks.mean.seed=5"]  # fmt: skip
 LAST_STEP = 8
 
 
@@ -44,3 +46,4 @@ def test_a_sigkill_resumes_bit_identically(tmp_path: Path, model: str, strategy:
     code, output = finish(proc)
     assert code == 0 and "resumed from" in output, output[-3000:]
     assert_bit_identical(reference, killed, step=LAST_STEP)
+    assert read_checkpoint(checkpoint_of(killed, LAST_STEP))["callbacks"][1]["mean"]["count"] == LAST_STEP

@@ -18,6 +18,14 @@ def test_event_files_hold_the_training_and_validation_scalars(tmp_path) -> None:
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert tags == {"train/loss", "train/lr", "train/samples_per_s", "val/loss", "val/acc"}
+    assert tags == {
+        "train/loss",
+        "train/lr",
+        "train/samples_per_s",
+        "train/grad_norm",
+        "train/peak_memory_mb",
+        "val/loss",
+        "val/acc",
+    }
     assert [e.step for e in events.Scalars("val/acc")] == [8, 16]
     assert 0 <= events.Scalars("val/acc")[-1].value <= 1

@@ -48,7 +48,16 @@ def test_rank_logs_metrics_and_config_are_left(trained_run) -> None:
     assert "train_loss" in (run_dir / "logs" / "rank_0.log").read_text()
     records = read_metrics(run_dir)
     train = [r for r in records if r["kind"] == "train"]
-    assert train and set(train[0]) == {"kind", "step", "epoch", "train_loss", "lr", "samples_per_s"}
+    assert train and set(train[0]) == {
+        "kind",
+        "step",
+        "epoch",
+        "train_loss",
+        "lr",
+        "samples_per_s",
+        "grad_norm",
+        "peak_memory_mb",
+    }
     val = [r for r in records if r["kind"] == "val"]
     assert [r["epoch"] for r in val] == [0, 1, 2]
     assert set(val[0]) == {"kind", "step", "epoch", "val_loss", "val_acc", "val_samples"}

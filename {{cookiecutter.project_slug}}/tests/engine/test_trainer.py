@@ -140,8 +140,8 @@ def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weig
                                                      r"\(validated in \d+\.\d s\)", line)]  # fmt: skip
     assert [line.split(":")[0] for line in between] == ["step 2", "step 4"], "not step 3's: the epoch's end says it"
     assert all(float(re.findall(r"validated in (\S+) s", line)[0]) < 600 for line in between), "its own time"
-    rates = [int(rate) for line in said for rate in re.findall(r"^epoch \d+ step \d+: train_loss=\S+ lr=\S+ (\d+) "
-                                                              r"samples/s$", line)]  # fmt: skip
+    line_format = r"^epoch \d+ step \d+: train_loss=\S+ lr=\S+ grad_norm=\S+ (\d+) samples/s$"
+    rates = [int(rate) for line in said for rate in re.findall(line_format, line)]
     assert rates and min(rates) >= 1, f"each interval's own rate: {said}"
     (epoch,) = [re.fullmatch(r"epoch 1/5 done in (\d+\.\d) s \((\d+) samples/s\): val_loss=\S+ val_acc=\S+ "
                              r"val_samples=16", line) for line in said if " done in " in line]  # fmt: skip
@@ -226,3 +226,40 @@ def test_a_warm_up_longer_than_the_run_is_said_at_the_start(tmp_path: Path, capl
     caplog.clear()
     trainer(tmp_path, "trainer.max_steps=2", "scheduler.warmup_steps=5").fit()
     assert not [record for record in caplog.records if record.levelname == "WARNING"], "finished: nothing to warn of"
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.01])
+def test_the_gradient_norm_a_step_returns_is_clip_grad_norms_before_clipping(tmp_path: Path, clip: float) -> None:
+    run = trainer(tmp_path, f"trainer.clip_grad_norm={clip}")
+    inputs, targets, weights, _ = next(iter(run.data.train_loader))
+    run.runner.micro_step(inputs, targets, weights, real_samples=len(inputs), sync=True)
+    copies = [torch.zeros_like(p, requires_grad=True) for p in run.model.parameters()]
+    for copy, parameter in zip(copies, run.model.parameters(), strict=True):
+        copy.grad = parameter.grad.clone()
+    expected = torch.nn.utils.clip_grad_norm_(copies, 0.01)
+    assert torch.equal(run.runner.optimizer_step(), expected)
+    assert expected > 0.01  # clipped where asked: the figure is the norm before
+
+
+def test_the_log_line_holds_the_gradient_norm_and_peak_memory_and_the_language_model_tokens_per_s(tmp_path) -> None:
+    """Without clipping too: the norm of every step, each read back only with its interval's line."""
+    norms = []
+    run = trainer(tmp_path / "cnn", "trainer.max_steps=2", "trainer.log_every_n_steps=1")
+    step = run.runner.optimizer_step
+    run.runner.optimizer_step = lambda: norms.append(step()) or norms[-1]
+    run.fit()
+    records = [json.loads(line) for line in (tmp_path / "cnn" / "metrics.jsonl").read_text().splitlines()]
+    train = [record for record in records if record["kind"] == "train"]
+    assert [record["grad_norm"] for record in train] == [norm.item() for norm in norms]
+    assert all(record["peak_memory_mb"] > 10 for record in train)
+    assert "tokens_per_s" not in train[0] and "mfu" not in train[0]  # images; and no MFU on CPUs
+
+    lm = build_trainer(to_train_config(compose_config(
+        ["task=language_model", "model.width=32", "model.layers=2", "data.block_size=16", "data.train_samples=64",
+         "data.val_samples=8", "trainer.max_steps=2", "trainer.log_every_n_steps=1"], classification=False)),
+        DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), tmp_path / "lm")  # fmt: skip
+    lm.fit()
+    records = [json.loads(line) for line in (tmp_path / "lm" / "metrics.jsonl").read_text().splitlines()]
+    first = next(record for record in records if record["kind"] == "train")
+    assert first["tokens_per_s"] == pytest.approx(first["samples_per_s"] * 16)
+    assert lm.model.flops_per_token(16) == 6 * sum(p.numel() for p in lm.model.parameters()) + 12 * 2 * 32 * 16

@@ -41,6 +41,8 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
     refuse_unknown_keys(cfg, config)
     require_target("model", config.model)
     require_target("task", config.task)
+    for name, node in (config.callbacks or {}).items():
+        require_target(f"callbacks.{name}", node)
     check_optim(config.optim)
     check_scheduler(config.scheduler)
     config.data = DataConfig.from_node(config.data)
@@ -112,6 +114,8 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], con
                                 if key not in ("scheduler", "warmup_epochs")}}  # fmt: skip
     for section, value in saved.items():
         if section in given or section not in composed or section == "trust_checkpoint":  # the user's own say
+            continue
+        if section == "callbacks":  # eval, the export and predict run no callbacks
             continue
         if section in CONFIG_GROUPS:
             merged[section] = value

@@ -1,8 +1,7 @@
-"""Typed schema of the configuration: types and rules live here; each key's default and its
-one-line meaning live in configs/train.yaml (and the group files), nowhere else.
-
-Every yaml file under configs/ extends one of these dataclasses, so Hydra rejects a wrong
-type at composition time; each section's `check()` runs before any work (compose.py).
+"""Typed schema of the configuration: types and rules live here; each key's default and its one-line
+meaning live in configs/train.yaml (and the group files), nowhere else. Every yaml file under configs/
+extends one of these dataclasses, so Hydra rejects a wrong type at composition time; each section's
+`check()` runs before any work (compose.py).
 """
 
 from __future__ import annotations
@@ -261,6 +260,7 @@ class TrainConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     hsdp: HSDPConfig = field(default_factory=HSDPConfig)
     trust_checkpoint: bool = False  # engine/checkpoint/trust.py
+    callbacks: Any = field(default_factory=dict)  # name -> _target_ and its arguments (engine/callbacks.py)
 
     def check(self) -> None:
         require_choice("strategy", self.strategy, tuple(STRATEGY_SECTIONS))

@@ -19,6 +19,7 @@ from ..observe.sinks import build_sinks
 from ..placement import DistEnv
 from ..run_dir import LOGS_DIR, METRICS_FILE
 from .activation import checkpoint_activations
+from .callbacks import Callbacks, CallbackStates, Run, build_callbacks
 from .checkpoint.files import list_checkpoints, local_folder
 from .checkpoint.manager import CheckpointManager
 from .compatibility import SamePreparedData
@@ -67,10 +68,22 @@ def build_ema(config: TrainConfig, model: nn.Module) -> EMA | NoEMA:
     return EMA(model, ema.decay, ema.start_step)
 
 
+def allow_frozen_parameters(config: TrainConfig, callbacks: Callbacks) -> None:
+    """A callback that freezes parameters (`freezes_parameters = True`) under ddp: DDP's reducer waits for a
+    gradient of every parameter it was built with, so it is told to find the unused ones after each forward
+    (ddp.find_unused_parameters: one walk of the autograd graph per step). FSDP needs nothing."""
+    freezing = [name for name, cb in callbacks.named.items() if getattr(cb, "freezes_parameters", False)]
+    if freezing and config.strategy == "ddp" and not config.ddp.find_unused_parameters:
+        log.info("callbacks.%s freezes parameters: ddp.find_unused_parameters=true", freezing[0])
+        config.ddp.find_unused_parameters = True
+
+
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     """Everything the loop needs, resumed from a checkpoint when there is one."""
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
+    callbacks = build_callbacks(config.callbacks)  # first: a wrong _target_ is said before any work
+    allow_frozen_parameters(config, callbacks)
     data = build_data(config.data, env, config.seed)
     task = build_task(config.task)
     strategy = build_strategy(config, env)
@@ -95,8 +108,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     state, generators = TrainState(), RankGenerators(config.seed, env)
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)
     same_data = SamePreparedData(data.prepared, config.checkpoint.allow_changes)  # data prepared again: refused
-    owners = [state, runner, schedule, monitor, ema, same_data,
-              *(sink for sink in sinks if hasattr(sink, "state_dict")), generators]  # fmt: skip  # generators last
+    states = [CallbackStates(callbacks, env)] if callbacks.stateful() else []  # every rank's callbacks' states
+    owners = [state, runner, schedule, monitor, ema, same_data,  # the generators last
+              *(sink for sink in sinks if hasattr(sink, "state_dict")), *states, generators]  # fmt: skip
     plain_config = to_plain_dict(config)
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir
@@ -120,7 +134,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         monitor=monitor,
         ema=ema,
         state=state,
+        callbacks=callbacks,
     )
+    callbacks.run = Run(trainer)
     found = checkpoints.resume()
     if monitor.keep_best:  # the best of the run so far, kept by the next prune
         checkpoints.keep_best(monitor.kept_steps())

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..config import TrainerConfig
 from ..tasks import Classification
@@ -92,16 +93,23 @@ class StepRunner:
             return contextlib.nullcontext()
         return self.strategy.gradient_sync(self.trained, enabled)
 
-    def optimizer_step(self) -> None:
-        """Clip, step, clear the gradients; then what the strategy does after a step."""
-        if self.clip_grad_norm > 0:
+    def optimizer_step(self) -> torch.Tensor:
+        """Clip, step, clear the gradients; then what the strategy does after a step. The gradients'
+        global norm before clipping, on the device (read back with the interval's log line only)."""
+        if self.scaler.is_enabled():  # fp16: the norm of the true gradients (step() knows they are unscaled)
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        if self.clip_grad_norm > 0:
+            norm = nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        else:  # the same norm clipping computes (frozen parameters have no gradient: left out)
+            norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if isinstance(norm, DTensor):  # sharded gradients (fsdp): the norm over every rank's shards
+            norm = norm.full_tensor()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.strategy is not None:
             self.strategy.after_step()
+        return norm.detach()
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's `grad_scaler`: fp16's loss scale; empty otherwise."""

@@ -21,11 +21,13 @@ import torch
 
 from ..config import TrainConfig
 from ..errors import JobError, Preempted
+from ..observe.figures import Throughput
 from ..observe.hangs import StallWatch
 from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
 from ..placement import DistEnv
 from ..run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
+from .callbacks import Callbacks
 from .checkpoint.manager import CheckpointManager
 from .compatibility import run_finished
 from .data import Data
@@ -61,9 +63,12 @@ class Trainer:
     schedule: Schedule  # the learning rate of each step (schedule.py)
     monitor: Monitor  # checkpoint.monitor: best checkpoints, early stopping (monitor.py)
     ema: EMA | NoEMA  # trainer.ema (ema.py): the average validation uses
+    callbacks: Callbacks = field(default_factory=lambda: Callbacks({}))  # the config's callbacks (callbacks.py)
+    throughput: Throughput = field(default_factory=Throughput)  # tokens/s, peak memory, MFU (observe/figures.py)
     state: TrainState = field(default_factory=TrainState)
     validated_at: int = -1  # the step of the last validation in this process (none twice at a step)
     last_result: EvalResult | None = None  # that validation's figures
+    grad_norms: torch.Tensor | None = None  # the sum of the interval's gradient norms, on the device
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint holds (a collective: every rank calls it at the same point)."""
@@ -78,9 +83,12 @@ class Trainer:
         return self.checkpoints.save(self.state.step)
 
     def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
-        loss_sum = all_reduce_sum(interval.loss_sum.clone())
+        # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
+        # norm (the same on every rank) with it, on the loss's device (fsdp.cpu_offload's is the CPU).
+        grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
+        sums = all_reduce_sum(torch.stack([interval.loss_sum, grad_norms.to(interval.loss_sum)])).tolist()
         elapsed = time.perf_counter() - interval.started
-        train_loss = loss_sum.item() / (self.env.world_size * interval.steps)
+        train_loss = sums[0] / (self.env.world_size * interval.steps)
         if not math.isfinite(train_loss):  # the same sum on every rank: all stop at this step
             raise JobError(
                 f"training diverged by step {self.state.step}: the loss is {train_loss}; lower optim.lr or set "
@@ -92,21 +100,19 @@ class Trainer:
             "train_loss": train_loss,
             "lr": interval.lr,
             "samples_per_s": interval.samples / max(elapsed, 1e-9),
+            "grad_norm": sums[1] / (self.env.world_size * interval.steps),  # before clipping; the interval's mean
+            **self.throughput.figures(interval.samples / max(elapsed, 1e-9), self.env),
         }
         self.metrics.write("train", **values)
-        log.info(
-            "epoch %d step %d: train_loss=%.4f lr=%.4g %.0f samples/s",
-            values["epoch"],
-            values["step"],
-            train_loss,
-            values["lr"],
-            values["samples_per_s"],
-        )
+        log.info("epoch %d step %d: train_loss=%.4f lr=%.4g grad_norm=%.4g %.0f samples/s", values["epoch"],
+                 values["step"], train_loss, values["lr"], values["grad_norm"], values["samples_per_s"])  # fmt: skip
         if progress_bar is not None:
             progress_bar.set_postfix(
                 step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
             )
         interval.reset()
+        if self.grad_norms is not None:
+            self.grad_norms.zero_()
 
     def train_step(self, step: OptimizerStep, interval: Interval) -> None:
         """One optimizer step over its micro-batches; gradients all-reduced once, with the last."""
@@ -118,14 +124,21 @@ class Trainer:
         else:  # in epochs, counted in samples: the same curve at any world size
             epochs_done = (state.samples_in_epoch + step.real_samples) / self.data.sampler.dataset_size
             self.schedule.before_step(state.epoch + epochs_done)
+        if self.callbacks.step_start:
+            self.callbacks.fire("on_step_start")
         interval.lr = self.optimizer.param_groups[0]["lr"]
         for number, (inputs, targets, weights, indices) in enumerate(step.micro_batches, 1):
             sync = number == step.count
+            if self.throughput.tokens_per_sample is None:  # once: the language model's sequence length
+                self.throughput.count_tokens(self.task, targets, self.model)
             interval.loss_sum += self.runner.micro_step(inputs, targets, weights, step.real_samples, sync=sync)
             if self.sample_audit.enabled:
                 indices = indices[weights.cpu() > 0].tolist()
                 self.sample_audit.write("samples", step=state.step + 1, epoch=state.epoch, indices=indices)
-        self.runner.optimizer_step()
+        grad_norm = self.runner.optimizer_step()
+        if self.grad_norms is None:
+            self.grad_norms = torch.zeros((), device=grad_norm.device)
+        self.grad_norms += grad_norm
         self.schedule.after_step()
         self.ema.update(state.step + 1)
         self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
@@ -133,6 +146,8 @@ class Trainer:
         state.samples_in_epoch += step.real_samples
         interval.steps += 1
         interval.samples += step.real_samples
+        if self.callbacks.step_end:
+            self.callbacks.fire("on_step_end")
 
     def train_epoch(self, stop: StopOnSigterm) -> None:
         """Train the rest of the current epoch (from where a resume left it), or up to trainer.max_steps,
@@ -177,11 +192,16 @@ class Trainer:
             write_marker(self.run_dir, STOPPED_MARKER, f"{signum}\n")
         raise Preempted(f"stopped by {stop.signal_name} after step {self.state.step}; checkpoint saved", signum)
 
-    def validate(self) -> EvalResult:
+    def validate(self, loader: Any = None) -> EvalResult:
         self.strategy.sync_buffers()  # rank 0's buffers (BatchNorm statistics) on every rank
         lockstep = self.strategy.lockstep_evaluation
+        loader = self.data.val_loader if loader is None else loader
         with self.ema.swapped_in():  # trainer.ema: the average is what is validated
-            return evaluate(self.model, self.data.val_loader, self.task, self.env.device, lockstep=lockstep)
+            return evaluate(self.model, loader, self.task, self.env.device, lockstep=lockstep)
+
+    def evaluate_on(self, loader: Any) -> dict[str, float]:
+        """The task's metrics over another data set's loader, as the validation evaluates (run.evaluate)."""
+        return self.validate(loader).metrics
 
     def validation(self, epoch_end: bool = False) -> EvalResult:
         """Validate at this step, record it, and let the monitor rank it: a checkpoint of this step
@@ -192,6 +212,7 @@ class Trainer:
         self.validated_at = state.step
         record = result.record()
         self.metrics.write("val", step=state.step, epoch=state.epoch, **record)
+        self.callbacks.fire("on_validation_end", record)
         if not epoch_end:
             log.info("step %d: %s (validated in %.1f s)", state.step, result.line(), time.perf_counter() - started)
         if epoch_end:
@@ -218,8 +239,10 @@ class Trainer:
         stop = StopOnSigterm()
         try:
             with self.stalls.naming_stalls():  # a collective that timed out names the ranks that stalled
+                self.callbacks.fire("on_train_start")
                 result = self.train_epochs(stop)
-            self.checkpoints.wait()
+                self.checkpoints.wait()
+                self.callbacks.fire("on_train_end")
             if self.env.is_main:  # before the signal handlers go: a stop signal from here on changes nothing
                 write_marker(self.run_dir, FINISHED_MARKER, f"{self.state.step}\n")
         except BaseException:

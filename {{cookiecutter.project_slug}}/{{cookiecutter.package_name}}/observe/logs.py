@@ -105,14 +105,25 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
 
 
 # metrics.jsonl field -> the name TensorBoard and the trackers plot it under; every val_<metric>
-# of the task becomes val/<metric> (val_samples is a count, not plotted).
-METRIC_NAMES = {"train_loss": "train/loss", "lr": "train/lr", "samples_per_s": "train/samples_per_s"}
+# of the task becomes val/<metric> (val_samples is a count, not plotted); a callback's figure
+# (run.log, engine/callbacks.py) is named with a "/" and plotted under that name.
+METRIC_NAMES = {
+    "train_loss": "train/loss",
+    "lr": "train/lr",
+    "samples_per_s": "train/samples_per_s",
+    "grad_norm": "train/grad_norm",
+    "tokens_per_s": "train/tokens_per_s",
+    "peak_memory_mb": "train/peak_memory_mb",
+    "mfu": "train/mfu",
+}
 
 
 def metric_name(key: str) -> str | None:
     """The plotted name of a metrics.jsonl field; None for the fields that are not scalars to plot."""
     if key in METRIC_NAMES:
         return METRIC_NAMES[key]
+    if "/" in key:
+        return key
     return f"val/{key[4:]}" if key.startswith("val_") and key != "val_samples" else None
 
 

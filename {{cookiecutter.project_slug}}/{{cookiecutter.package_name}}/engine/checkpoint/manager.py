@@ -2,10 +2,11 @@
 
 A checkpoint is the strategy's part (the model, the optimizer, its communication hook's memory) and
 each owner's part: where training stands in the data (`epoch`, `step`, `samples_in_epoch`), the fp16
-loss scale (`grad_scaler`), every rank's generator states (`rank_states`), the trackers' run ids
-(`trackers`); and the manager's own: the format version, the world size, the config. Every owner has
-a `state_dict()` (its keys) and a `load_state_dict(payload)` (the exact inverse); loading goes owner
-by owner in order, the generator states last. The format version is checked here, once.
+loss scale (`grad_scaler`), every rank's generator states (`rank_states`) and callbacks' states
+(`callbacks`, engine/callbacks.py), the trackers' run ids (`trackers`); and the manager's own: the
+format version, the world size, the config. Every owner has a `state_dict()` (its keys) and a
+`load_state_dict(payload)` (the exact inverse); loading goes owner by owner in order, the generator
+states last. The format version is checked here, once.
 """
 
 from __future__ import annotations

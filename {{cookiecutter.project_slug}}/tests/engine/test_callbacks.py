@@ -1,0 +1,158 @@
+"""engine/callbacks.py: the config's callbacks composed from the command line, their events in order, their
+per-rank state across a resume on two ranks (ddp and fsdp), and the one line of a callback that raises.
+The examples of <package>/callbacks.py: tests/test_callbacks.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
+from {{cookiecutter.package_name}}.errors import ConfigError, JobError
+from {{cookiecutter.package_name}}.placement import DistEnv
+
+from ..helpers import TINY, assert_same, compose_config, on_ranks, trainer
+
+HERE = __name__  # tests.engine.test_callbacks: the callbacks below, named by _target_
+
+
+class Recorder:
+    """Every event with the step it saw, and whether that step's checkpoint was on disk yet."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def on_train_start(self, run) -> None:
+        self.seen.append(("train_start", run.step))
+
+    def on_step_start(self, run) -> None:
+        self.seen.append(("step_start", run.step))
+
+    def on_step_end(self, run) -> None:
+        self.seen.append(("step_end", run.step))
+
+    def on_validation_end(self, run, metrics) -> None:
+        assert "val_loss" in metrics
+        self.seen.append(("validation_end", run.step))
+
+    def on_train_end(self, run) -> None:
+        self.seen.append(("train_end", run.step))
+
+
+class NoisyMean:
+    """A callback with state of its own: a running mean of draws from a generator of its rank."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.count, self.mean, self.generator = seed, 0, torch.zeros(()), None
+
+    def on_step_end(self, run) -> None:
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.seed + run.rank)
+        self.count += 1
+        self.mean += (torch.rand((), generator=self.generator) - self.mean) / self.count
+
+    def state_dict(self) -> dict:
+        generator = self.generator.get_state() if self.generator is not None else None
+        return {"count": self.count, "mean": self.mean.clone(), "generator": generator}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean = state["count"], state["mean"].clone()
+        if state["generator"] is not None:
+            self.generator = torch.Generator()
+            self.generator.set_state(state["generator"])
+
+
+class Raises:
+    def on_step_end(self, run) -> None:
+        if run.step == 2:
+            raise ValueError("no step 2 here")
+
+
+def test_a_callback_composes_from_the_command_line_and_a_missing_target_is_one_line(tmp_path: Path) -> None:
+    config = to_train_config(compose_config([*TINY, f"+callbacks.mean._target_={HERE}.NoisyMean",
+                                             "+callbacks.mean.seed=3"]))  # fmt: skip
+    assert config.callbacks == {"mean": {"_target_": f"{HERE}.NoisyMean", "seed": 3}}
+    assert to_train_config(compose_config(TINY)).callbacks == {}
+    with pytest.raises(ConfigError, match=r"^callbacks.mean needs a _target_"):
+        to_train_config(compose_config([*TINY, "+callbacks.mean.seed=3"]))
+    with pytest.raises(ConfigError, match=r"^callbacks.mean._target_=nowhere.Mean does not import"):
+        trainer(tmp_path, "+callbacks.mean._target_=nowhere.Mean")
+
+
+def test_the_events_come_in_order_around_steps_validations_and_checkpoints(tmp_path: Path) -> None:
+    run = trainer(tmp_path, f"+callbacks.rec._target_={HERE}.Recorder", "trainer.max_steps=3",
+                  "trainer.val_every_n_steps=2")  # fmt: skip
+    run.fit()
+    seen = run.callbacks.named["rec"].seen
+    assert seen == [
+        ("train_start", 0),
+        ("step_start", 0), ("step_end", 1),
+        ("step_start", 1), ("step_end", 2), ("validation_end", 2),
+        ("step_start", 2), ("step_end", 3), ("validation_end", 3),  # the end's validation
+        ("train_end", 3),
+    ]  # fmt: skip
+
+
+def test_a_callback_that_raises_stops_the_run_with_one_line_naming_it(tmp_path: Path) -> None:
+    run = trainer(tmp_path, f"+callbacks.bad._target_={HERE}.Raises", "trainer.max_steps=4")
+    with pytest.raises(JobError) as raised:
+        run.fit()
+    message = str(raised.value)
+    assert message == "callbacks.bad.on_step_end raised ValueError: no step 2 here: fix it or remove it"
+    assert run.state.step == 2
+
+
+def train_stop_resume(env: DistEnv, run_dir: Path, strategy: str) -> dict:
+    """6 steps with a checkpoint at step 4; then a restarted job resumes from it and trains steps 5 and 6
+    (as tests/engine/test_trainer.py's resume): each run's callback state at its end, on this rank."""
+    overrides = [*TINY, "data.train_size=96", "data.batch_size=8", "checkpoint.every_n_steps=4", f"strategy={strategy}",
+                 f"+callbacks.mean._target_={HERE}.NoisyMean", "+callbacks.mean.seed=7"]  # fmt: skip
+    config = to_train_config(compose_config(overrides))
+    ends = {}
+    for name in ("uninterrupted", "resumed"):
+        trained = build_trainer(config, env, run_dir)
+        stop = StopOnSigterm()
+        try:
+            trained.train_epoch(stop)
+        finally:
+            stop.close()
+        trained.checkpoints.wait()
+        ends[name] = trained.callbacks.named["mean"].state_dict()
+        ends[f"{name}_step"] = trained.state.step
+    return ends
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_callbacks_own_state_resumes_bit_exactly_on_each_of_two_ranks(tmp_path: Path, strategy: str) -> None:
+    ranks = on_ranks(2, train_stop_resume, tmp_path, strategy)
+    for rank, ends in enumerate(ranks):
+        assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
+        assert ends["resumed"]["count"] == 6
+        assert_same(ends["resumed"], ends["uninterrupted"], f"rank {rank}'s callback state")
+    assert not torch.equal(ranks[0]["resumed"]["mean"], ranks[1]["resumed"]["mean"]), "each rank its own"
+
+
+def test_a_callbacks_figures_reach_metrics_jsonl(tmp_path: Path) -> None:
+    run = trainer(tmp_path, f"+callbacks.rec._target_={HERE}.Recorder", "trainer.max_steps=2")
+    run.callbacks.run.log("extra/figure", torch.tensor(0.5))
+    run.callbacks.run.log("plain", 2)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == [{"kind": "callback", "step": 0, "epoch": 0, "extra/figure": 0.5},
+                       {"kind": "callback", "step": 0, "epoch": 0, "callbacks/plain": 2.0}]  # fmt: skip
+
+
+def test_on_another_world_size_every_rank_takes_rank_zeros_state_and_a_new_callback_starts_afresh() -> None:
+    from {{cookiecutter.package_name}}.engine.callbacks import Callbacks, CallbackStates
+
+    saved = [{"mean": {"count": 4, "mean": torch.tensor(0.25), "generator": None}},
+             {"mean": {"count": 4, "mean": torch.tensor(0.75), "generator": None}}]  # fmt: skip
+    for rank, world_size, expected in ((1, 2, 0.75), (2, 3, 0.25)):
+        callbacks = Callbacks({"mean": NoisyMean(0), "new": NoisyMean(0)})
+        env = DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
+        CallbackStates(callbacks, env).load_state_dict({"callbacks": saved})
+        assert callbacks.named["mean"].mean.item() == expected and callbacks.named["new"].count == 0

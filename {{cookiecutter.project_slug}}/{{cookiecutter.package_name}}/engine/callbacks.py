@@ -1,0 +1,145 @@
+"""Callbacks: the config's `callbacks` (name -> node with `_target_`), built once, called at five events.
+
+A callback is any object; it defines the events it wants, each called with `run` (a Run: the live
+step, epoch, model, optimizer, rank, world size, run dir, and `log`):
+- on_train_start(run): after the resume, before the first step (also when nothing is left to train);
+- on_step_start(run): before an optimizer step's first forward (its learning rate already set);
+- on_step_end(run): after the optimizer step (run.step counts it), before its log line, validation
+  and checkpoint;
+- on_validation_end(run, metrics): after a validation is logged, before the monitor and its checkpoint;
+- on_train_end(run): after the last checkpoint, when training ends normally.
+`state_dict()` / `load_state_dict(state)` (tensors and plain values) go into every checkpoint, every
+rank's (a rank's state may differ from another's), so a resume at the same world size is bit-exact.
+A callback that raises stops the run with one line naming it. docs/callbacks.md has examples.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, JobError, Preempted, first_line
+from ..placement import DistEnv
+from .components import build
+from .data import KeyedDataset, loader_options
+from .distributed import all_gather_bytes
+from .sampler import eval_shard
+
+log = logging.getLogger(__name__)
+
+EVENTS = ("on_train_start", "on_step_start", "on_step_end", "on_validation_end", "on_train_end")
+
+
+class Run:
+    """What a callback sees: views of the trainer, read when asked (nothing is built per step)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self.model: torch.nn.Module = trainer.model  # unwrapped: no DDP, no torch.compile
+        self.optimizer: torch.optim.Optimizer = trainer.optimizer
+        self.rank, self.world_size = trainer.env.rank, trainer.env.world_size
+        self.device: torch.device = trainer.env.device
+        self.run_dir: Path = trainer.run_dir
+        self.config = trainer.config
+        self._loaders: dict[int, tuple[Any, torch.utils.data.DataLoader]] = {}  # run.evaluate's, by data set
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done (the one running, in on_step_start, is step + 1)."""
+        return self._trainer.state.step
+
+    @property
+    def epoch(self) -> int:
+        return self._trainer.state.epoch
+
+    def log(self, name: str, value: float | torch.Tensor) -> None:
+        """A figure of this step, to metrics.jsonl, TensorBoard and the trackers (rank 0's value; call it on
+        every rank or on rank 0). `name` is plotted as given when it holds a "/", else as callbacks/<name>.
+        A tensor is read back to the host here: log every K steps, not every step, on GPUs."""
+        name = name if "/" in name else f"callbacks/{name}"
+        if self._trainer.metrics.enabled:
+            value = float(value)
+            self._trainer.metrics.write("callback", step=self.step, epoch=self.epoch, **{name: value})
+
+    def evaluate(self, dataset: Any) -> dict[str, float]:
+        """The task's metrics over a map-style data set, exact and the same on every rank (each evaluates
+        its share, as the validation does): a collective, so every rank calls it at the same step."""
+        if id(dataset) not in self._loaders:  # built once (its workers too); the data set kept alive with it
+            loader = eval_loader(dataset, self.config.data, self._trainer.env, self.config.seed)
+            self._loaders[id(dataset)] = (dataset, loader)
+        return self._trainer.evaluate_on(self._loaders[id(dataset)][1])
+
+
+class Callbacks:
+    """The built callbacks, by event; an empty one costs the loop a test of an empty list per event."""
+
+    def __init__(self, named: Mapping[str, Any]) -> None:
+        self.named = dict(named)
+        self.hooks = {event: [(name, getattr(cb, event)) for name, cb in self.named.items() if hasattr(cb, event)]
+                      for event in EVENTS}  # fmt: skip
+        self.step_start, self.step_end = self.hooks["on_step_start"], self.hooks["on_step_end"]
+        self.run: Run | None = None
+
+    def fire(self, event: str, *args: Any) -> None:
+        """Call every callback's `event`; one that raises stops the run with one line naming it."""
+        for name, hook in self.hooks[event]:
+            try:
+                hook(self.run, *args)
+            except (JobError, ConfigError, Preempted):
+                raise
+            except Exception as error:
+                raise JobError(f"callbacks.{name}.{event} raised {first_line(error)}: fix it or remove it") from error
+
+    def stateful(self) -> dict[str, Any]:
+        return {name: cb for name, cb in self.named.items() if hasattr(cb, "state_dict")}
+
+
+def eval_loader(dataset: Any, data: Any, env: DistEnv, seed: int) -> torch.utils.data.DataLoader:
+    """This rank's share of a map-style data set, loaded as the validation set is (data.py)."""
+    keyed = KeyedDataset(dataset, seed, augmented=False)
+    shard = torch.utils.data.Subset(keyed, list(eval_shard(len(keyed), env.rank, env.world_size)))
+    return torch.utils.data.DataLoader(shard, shuffle=False, **loader_options(data, env, seed))
+
+
+def build_callbacks(config: Mapping[str, Any]) -> Callbacks:
+    """Each `callbacks.<name>` built from its `_target_` (one line naming the key where it fails)."""
+    named = {}
+    for name, node in (config or {}).items():
+        named[name] = build(node, f"callbacks.{name}")
+    return Callbacks(named)
+
+
+class CallbackStates:
+    """The checkpoint's `callbacks`: every rank's {name: state_dict()}, gathered in rank order (a rank's
+    state may differ from another's, as its generators do: generators.py)."""
+
+    def __init__(self, callbacks: Callbacks, env: DistEnv) -> None:
+        self.callbacks, self.env = callbacks, env
+
+    def state_dict(self) -> dict[str, Any]:
+        buffer = io.BytesIO()
+        torch.save({name: cb.state_dict() for name, cb in self.callbacks.stateful().items()}, buffer)
+        gathered = all_gather_bytes(buffer.getvalue(), self.env.device)
+        return {"callbacks": [torch.load(io.BytesIO(data), weights_only=True) for data in gathered]}
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        """This rank's saved states; at another world size every rank takes rank 0's. A callback the
+        checkpoint holds no state of (added since) starts afresh."""
+        saved = payload.get("callbacks")
+        if not saved:
+            return
+        same_world = len(saved) == self.env.world_size
+        if not same_world:
+            log.info("callbacks' states saved by %d processes, now %d: every rank takes rank 0's", len(saved),
+                     self.env.world_size)  # fmt: skip
+        mine = saved[self.env.rank] if same_world else saved[0]
+        for name, cb in self.callbacks.stateful().items():
+            if name in mine and hasattr(cb, "load_state_dict"):
+                cb.load_state_dict(mine[name])
+            else:
+                log.info("callbacks.%s: the checkpoint holds no state of it; it starts afresh", name)
