@@ -206,9 +206,9 @@ def test_rank_zero_watched_at_a_terminal_draws_the_epochs_bar_with_its_loss(tmp_
     monkeypatch.setattr(sys, "stderr", terminal)
     trainer(tmp_path, "trainer.epochs=1", "trainer.log_every_n_steps=2").fit()
     drawn = terminal.getvalue()
-    steps = re.findall(r"epoch 0: +\d+%.*? (\d+)/3 ", drawn)  # 96 samples in batches of 32
-    assert steps[:3] == ["0", "1", "1"] and steps[-1] == "2", drawn[-500:]  # cleared after its last (leave=False)
-    assert re.search(r"img_per_s=\d+, loss=\d+\.\d{4}, step=2\]", drawn), drawn[-500:]
+    # 96 samples in batches of 32; tqdm redraws at most every 0.1 s, so which counts show depends on the speed
+    assert re.search(r"epoch 0: +\d+%.*? [0-3]/3 ", drawn), drawn[-500:]
+    assert re.search(r"img_per_s=\d+, loss=\d+\.\d{4}, step=2\]", drawn), drawn[-500:]  # the log interval's
 
 
 def test_a_warm_up_longer_than_the_run_is_said_at_the_start(tmp_path: Path, caplog) -> None:

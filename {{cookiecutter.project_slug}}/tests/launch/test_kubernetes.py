@@ -59,7 +59,7 @@ def check_pod_template(manifest: dict[str, Any]) -> None:
 
 def test_an_elastic_job_is_a_pytorchjob_the_operator_and_kubernetes_accept() -> None:
     manifest = job("IMAGE=registry.example/ddp:1", "NNODES=2:4", "NPROC_PER_NODE=8", "RUN_NAME=exp1",
-                   "SHUTDOWN_TIMEOUT_S=120", "model=resnet50", "trainer.epochs=90")  # fmt: skip
+                   "SHUTDOWN_TIMEOUT_S=120", "task=classification", "model=resnet50", "trainer.epochs=90")  # fmt: skip
     parsed = check_against_kubeflow(manifest)
     check_pod_template(manifest)
     policy = parsed.spec.elastic_policy
@@ -74,14 +74,17 @@ def test_an_elastic_job_is_a_pytorchjob_the_operator_and_kubernetes_accept() -> 
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "exp1-runs"}
     command = container["command"][2]
     for part in ("bash scripts/run_multi.sh NNODES=2:4 NPROC_PER_NODE=8 MASTER_ADDR=exp1-worker-0",
-                 "RUN_NAME=exp1", "SHUTDOWN_TIMEOUT_S=120", "model=resnet50 trainer.epochs=90",
+                 "RUN_NAME=exp1", "SHUTDOWN_TIMEOUT_S=120", "task=classification model=resnet50 trainer.epochs=90",
                  'NODE_RANK="${HOSTNAME##*-}"'):  # fmt: skip
         assert part in command, command
 
 
 def test_the_pods_command_is_the_launchers_and_runs_in_bash(tmp_path) -> None:
     """What each pod runs: bash -c's script, with a pod's hostname, gives run_multi.sh these arguments."""
-    manifest = job("IMAGE=i", "NNODES=3", "RUN_NAME=exp2", "data=cifar10", "data.root=/data/my images")
+    # task=classification: the overrides are checked, and must hold in a bake whose default task is another
+    manifest = job(
+        "IMAGE=i", "NNODES=3", "RUN_NAME=exp2", "task=classification", "data=cifar10", "data.root=/data/my images"
+    )
     script = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"][2]
     probe = tmp_path / "scripts"
     probe.mkdir()
@@ -90,7 +93,8 @@ def test_the_pods_command_is_the_launchers_and_runs_in_bash(tmp_path) -> None:
     said = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=pod_env, capture_output=True, text=True,
                           check=True).stdout.splitlines()  # fmt: skip
     assert said == ["NNODES=3", "NPROC_PER_NODE=1", "MASTER_ADDR=exp2-worker-0", "MASTER_PORT=29500", "RUN_NAME=exp2",
-                    "MAX_RESTARTS=3", "SHUTDOWN_TIMEOUT_S=100", "data=cifar10", "data.root=/data/my images",
+                    "MAX_RESTARTS=3", "SHUTDOWN_TIMEOUT_S=100", "task=classification", "data=cifar10",
+                    "data.root=/data/my images",
                     "NODE_RANK=2"]  # fmt: skip
     policy = manifest["spec"]["elasticPolicy"]
     assert (policy["minReplicas"], policy["maxReplicas"]) == (3, 3), "static NNODES: MIN = MAX"
