@@ -37,8 +37,8 @@ from {{cookiecutter.package_name}}.engine.build import build_trainer  # noqa: E4
 from {{cookiecutter.package_name}}.engine.components import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.engine.distributed import distributed  # noqa: E402
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm  # noqa: E402
-from {{cookiecutter.package_name}}.engine.step import AUTOCAST_DTYPES  # noqa: E402
 from {{cookiecutter.package_name}}.engine.strategies.ddp import wrap_ddp  # noqa: E402
+from {{cookiecutter.package_name}}.engine.trainer import AUTOCAST_DTYPES  # noqa: E402
 from {{cookiecutter.package_name}}.run_dir import register_resolvers  # noqa: E402
 
 

@@ -7,7 +7,7 @@
 #   bash scripts/run_single.sh RUN_DIR=outputs/2026-01-01_12-00-00   # continue that run
 #   bash scripts/run_single.sh -m optim.lr=0.1,0.05                  # a sweep: one job per point
 #
-# The launch logic is Python: {{ cookiecutter.package_name }}/launch.py.
+# The launch logic is Python: {{ cookiecutter.package_name }}/launch/ (python -m {{ cookiecutter.package_name }}.launch).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 exec "${PYTHON:-python}" -m {{ cookiecutter.package_name }}.launch single "$@"

@@ -1,5 +1,5 @@
 """The package's shape (docs/layout.md): its layers as pyproject.toml's import-linter contracts say,
-no import cycle, no module over 300 lines, no Jinja left in a module; and tests/ as its mirror, each
+no import cycle, no module over 300 lines (but the training loop's), no Jinja left in a module; and tests/ as its mirror, each
 module's unit test file at the module's path."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = PROJECT / "{{cookiecutter.package_name}}"
 TESTS = PROJECT / "tests"
 MOST_LINES = 300
+LONGER = {"{{cookiecutter.package_name}}.engine.trainer"}  # the loop and its step, read in one sitting (docs/layout.md)
 
 
 def modules() -> dict[str, Path]:
@@ -72,7 +73,8 @@ def test_no_import_cycle() -> None:
 def test_no_module_is_over_300_lines_or_holds_jinja() -> None:
     for name, path in modules().items():
         text = path.read_text()
-        assert len(text.splitlines()) <= MOST_LINES, f"{name}: {len(text.splitlines())} lines; split it by concern"
+        if name not in LONGER:
+            assert len(text.splitlines()) <= MOST_LINES, f"{name}: {len(text.splitlines())} lines; split it by concern"
         block, comment = "{" + "%", "{" + "#"  # spelled apart: this file is a template too
         assert block not in text and comment not in text, f"{name} holds template logic: use a registry and the hook"
 

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Subset
 
 from .config import PredictConfig, config_dir, let_group_keys_through
 from .config.values import require
-from .engine.batch import model_forward, to_device
+from .datasets.collate import model_forward, to_device
 from .engine.checkpoint.files import write_atomically
 from .engine.components import build_datasets, build_task
 from .engine.data import KeyedDataset, loader_options
@@ -36,6 +36,7 @@ from .observe.logs import setup_logging
 from .placement import DistEnv
 from .processes import exit_now
 from .storage import is_remote
+from .tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out
         log.info("wrote %s: the %s set's %d samples, outputs %s", out, config.split, len(indices), tuple(outputs.shape))
 
 
-def prediction_kind(task: Any, config: PredictConfig) -> str | None:
+def prediction_kind(task: Task, config: PredictConfig) -> str | None:
     """What the task turns outputs into (tasks.py: its `predict` and `predictions`); None: the outputs as they are."""
     predict_as, target = config.predict_as, config.task["_target_"]
     kinds = tuple(getattr(task, "predictions", ()))
@@ -139,7 +140,7 @@ def batch_shard(size: int, batch_size: int, rank: int, world_size: int) -> range
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, loader: DataLoader, task: Any, kind: str | None, device: torch.device
+    model: nn.Module, loader: DataLoader, task: Task, kind: str | None, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """This rank's sample indices and what the task makes of their outputs (on the host), in loader order."""
     model.eval()

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, FSDPConfig, TrainerConfig  # noqa: E402
 from {{cookiecutter.package_name}}.engine.distributed import distributed  # noqa: E402
-from {{cookiecutter.package_name}}.engine.step import StepRunner  # noqa: E402
 from {{cookiecutter.package_name}}.engine.strategies import strategy_class  # noqa: E402
+from {{cookiecutter.package_name}}.engine.trainer import StepRunner  # noqa: E402
+from {{cookiecutter.package_name}}.tasks import Classification  # noqa: E402
 
 DDP = DDPConfig(
     bucket_cap_mb=25, gradient_as_bucket_view=True, static_graph=False, find_unused_parameters=False,
@@ -72,7 +73,7 @@ def one_step(accum: int, images: torch.Tensor, labels: torch.Tensor, env, strate
             return default_hooks.allreduce_hook(state, bucket)
 
         trained.register_comm_hook(None, counting_allreduce)
-    runner = StepRunner(trained, optimizer, config, env.device, env.world_size, strategy=spread)
+    runner = StepRunner(trained, optimizer, config, env.device, env.world_size, Classification(), spread)
     weights = torch.ones(len(labels))
     real_samples = len(labels) * env.world_size
     micro_batches = zip(images.chunk(accum), labels.chunk(accum), weights.chunk(accum), strict=True)

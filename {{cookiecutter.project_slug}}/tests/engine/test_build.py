@@ -4,6 +4,7 @@ build on a run dir with a checkpoint continuing where it stopped."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.build import build_trainer, use_deterministic_kernels
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
 from {{cookiecutter.package_name}}.engine.generators import seed_rank
 from {{cookiecutter.package_name}}.engine.strategies.ddp import DDP
@@ -109,3 +110,17 @@ def test_a_build_on_a_run_dir_with_a_checkpoint_continues_at_its_step(tmp_path: 
     assert not torch.equal(torch.get_rng_state(), generators_after_build), "not a fresh start's"
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps and max(steps) == 3, "the records past the checkpoint are dropped: the resumed run logs them again"
+
+
+def test_deterministic_switch_sets_every_gpu_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    use_deterministic_kernels(False)
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    torch.backends.cudnn.benchmark = True
+    try:
+        use_deterministic_kernels(True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -15,7 +15,6 @@ from ..helpers import compose_config, on_ranks
 
 def test_helpers_answer_for_a_world_of_one() -> None:
     assert distributed.get_rank() == 0 and distributed.get_world_size() == 1
-    assert distributed.is_main_process()
     value = torch.tensor([3.0])
     assert distributed.all_reduce_sum(value).item() == 3.0
     assert distributed.all_gather_int(7, torch.device("cpu")) == [7]
@@ -27,12 +26,11 @@ def buffers_after_sync(env) -> list[float]:
     norm = nn.BatchNorm1d(2)
     norm.running_mean.fill_(env.rank + 1.0)
     distributed.sync_buffers_from_rank_zero(norm)
-    return [*norm.running_mean.tolist(), distributed.get_rank(), distributed.get_world_size(),
-            distributed.is_main_process()]  # fmt: skip
+    return [*norm.running_mean.tolist(), distributed.get_rank(), distributed.get_world_size()]
 
 
 def test_every_rank_takes_rank_zeros_buffers() -> None:
-    assert on_ranks(2, buffers_after_sync) == [[1.0, 1.0, 0, 2, True], [1.0, 1.0, 1, 2, False]]
+    assert on_ranks(2, buffers_after_sync) == [[1.0, 1.0, 0, 2], [1.0, 1.0, 1, 2]]
 
 
 def test_process_env_reads_torchruns_variables_or_answers_for_a_world_of_one(monkeypatch) -> None:

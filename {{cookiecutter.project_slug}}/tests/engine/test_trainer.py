@@ -1,5 +1,6 @@
 """engine/trainer.py: the Trainer in this process (a world of one, no process group): its loop's units,
-what reaches the forward, a resume on two ranks, fit() and a stop signal. Its checkpoint state:
+what reaches the forward, a resume on two ranks, fit() and a stop signal; the step runner (mixed
+precision, clipping, padding) and the grouping of micro-batches into optimizer steps. Its checkpoint state:
 tests/engine/checkpoint/test_manager.py; the DDP wrapping: tests/engine/strategies/test_ddp.py."""
 
 from __future__ import annotations
@@ -10,15 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
-from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.config import TrainerConfig, to_train_config
 from {{cookiecutter.package_name}}.engine.build import build_trainer
 from {{cookiecutter.package_name}}.engine.distributed import weights_fingerprint
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
+from {{cookiecutter.package_name}}.engine.strategies import Strategy
+from {{cookiecutter.package_name}}.engine.trainer import StepRunner, optimizer_steps
 from {{cookiecutter.package_name}}.placement import DistEnv
 from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER, STOPPED_MARKER
+from {{cookiecutter.package_name}}.tasks import Classification
 
-from ..helpers import TINY, assert_same, compose_config, on_ranks, trainer
+from ..helpers import CPU, TINY, assert_same, compose_config, on_ranks, trainer
 
 
 def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:
@@ -65,7 +70,7 @@ def test_compile_wraps_the_model_that_trains_and_leaves_the_checkpointed_one_pla
     assert isinstance(compiled.runner.trained, OptimizedModule)
     assert compiled.runner.trained._orig_mod is compiled.model
     assert not isinstance(plain.runner.trained, OptimizedModule)
-    assert not any(key.startswith("_orig_mod.") for key in compiled.state_dict()["model"])
+    assert not any(key.startswith("_orig_mod.") for key in compiled.checkpoints.state_dict()["model"])
 
 
 def train_stop_resume(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict:
@@ -263,3 +268,69 @@ def test_the_log_line_holds_the_gradient_norm_and_peak_memory_and_the_language_m
     first = next(record for record in records if record["kind"] == "train")
     assert first["tokens_per_s"] == pytest.approx(first["samples_per_s"] * 16)
     assert lm.model.flops_per_token(16) == 6 * sum(p.numel() for p in lm.model.parameters()) + 12 * 2 * 32 * 16
+
+
+@pytest.mark.parametrize(("accum", "counts", "reals"), [(1, [1] * 4, [24, 24, 24, 8]), (3, [3, 1], [72, 8])])
+def test_optimizer_steps_group_the_micro_batches_of_the_epoch(tmp_path: Path, accum, counts, reals) -> None:
+    sampler = trainer(tmp_path, "data.train_size=80", "data.batch_size=24").data.sampler
+    sampler.set_epoch(0)
+    batches = iter(range(10))  # stands in for the loader: more than the epoch holds
+    steps = list(optimizer_steps(batches, sampler, accum))
+    assert [step.count for step in steps] == counts and [step.real_samples for step in steps] == reals
+    assert next(batches) == 0, "lazy: nothing is read before its step is trained"
+
+
+def linear_runner(clip: float, precision: str = "fp16") -> StepRunner:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    config = TrainerConfig(
+        epochs=1, log_every_n_steps=1, record_samples=False, precision=precision, channels_last=False, compile=False,
+        grad_accum_steps=1, clip_grad_norm=clip,
+    )  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    plain = Strategy(to_train_config(compose_config()), CPU)  # the base strategy: no wrapper, no reduction
+    return StepRunner(model, optimizer, config, torch.device("cpu"), 1, Classification(), plain)
+
+
+def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> None:
+    runner = linear_runner(clip=1e-3)
+    before = [p.detach().clone() for p in runner.trained.parameters()]
+    loss = runner.micro_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4), 4, sync=True)
+    runner.optimizer_step()
+    after = list(runner.trained.parameters())
+    moved = torch.stack([(a.detach() - b).norm() for a, b in zip(after, before, strict=True)]).norm()
+    # SGD with lr 1 moves the weights by the clipped gradient: norm 1e-3 once unscaled (not 1e-3 / 65536).
+    assert loss > 0 and moved == pytest.approx(1e-3, rel=0.05)
+    state = runner.state_dict()["grad_scaler"]  # the runner's part of a checkpoint
+    assert state["scale"] == 65536.0
+    resumed = linear_runner(clip=1e-3)
+    resumed.load_state_dict({"grad_scaler": {**state, "scale": 1024.0}})
+    assert resumed.state_dict()["grad_scaler"]["scale"] == 1024.0
+
+
+def test_an_fp16_run_resumed_from_a_checkpoint_without_a_scaler_keeps_its_own() -> None:
+    resumed = linear_runner(clip=0.0)
+    resumed.load_state_dict({"grad_scaler": {}})  # the checkpoint of an fp32 or bf16 run
+    assert resumed.state_dict()["grad_scaler"]["scale"] == 65536.0
+
+
+def test_clip_grad_norm_0_leaves_the_gradient_unclipped() -> None:
+    runner = linear_runner(clip=0.0)
+    before = [p.detach().clone() for p in runner.trained.parameters()]
+    runner.micro_step(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]), torch.ones(4), 4, sync=True)
+    runner.optimizer_step()
+    moved = torch.stack([(a.detach() - b).norm() for a, b in zip(runner.trained.parameters(), before, strict=True)])
+    assert moved.norm() > 1e-2, "trainer.clip_grad_norm=0 is off, not a clip to norm 0"
+
+
+def test_padding_of_weight_0_adds_nothing_to_the_loss_or_the_gradient() -> None:
+    runner = linear_runner(clip=0.0, precision="fp32")
+    model = runner.trained
+    inputs, targets = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
+    loss = runner.micro_step(inputs, targets, torch.tensor([1.0, 1.0, 0.0, 0.0]), real_samples=2, sync=True)
+    padded = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = nn.functional.cross_entropy(model(inputs[:2]), targets[:2])  # the 2 real samples' mean
+    expected.backward()
+    assert torch.allclose(loss, expected.detach())
+    assert all(torch.allclose(a, p.grad) for a, p in zip(padded, model.parameters(), strict=True))

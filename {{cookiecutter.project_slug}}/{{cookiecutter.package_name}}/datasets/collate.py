@@ -1,4 +1,8 @@
-"""A built-in `data.collate`: items whose inputs do not stack (sequences of different lengths).
+"""What a batch is (Batch), how it reaches the device and the model; and a built-in `data.collate` for
+items whose inputs do not stack (sequences of different lengths).
+
+The model is called with a batch's inputs: a tensor as the one argument, a tuple as the arguments, a
+dict as keyword arguments.
 
 A `data.collate._target_` is a function called with a batch's list of (input, target) items (the
 node's other keys as keyword arguments) that returns (inputs, targets), in any structure the
@@ -7,11 +11,45 @@ model and the task take (docs/configuration.md, "Items that do not stack: data.c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import default_collate
+
+
+class Batch(NamedTuple):
+    """A batch as the loaders give it (an item is one too: torch's default_collate keeps the type)."""
+
+    inputs: Any  # a tensor, or a tuple or dict of tensors, as the data set (or data.collate) gives them
+    targets: Any  # what the task's loss and metrics take beside the model's outputs
+    weights: torch.Tensor  # float64 (batch,): 1 for a real sample, 0 for the sampler's padding
+    indices: torch.Tensor  # int64 (batch,): the samples' indices in their data set
+
+
+def to_device(value: Any, device: torch.device, memory_format: torch.memory_format | None = None) -> Any:
+    """Tensors (also inside tuples, lists and dicts) on `device`, without blocking; 4-d ones in
+    `memory_format` when given (channels_last applies to image batches only)."""
+    if isinstance(value, torch.Tensor):
+        if memory_format is not None and value.dim() == 4:
+            return value.to(device, non_blocking=True, memory_format=memory_format)
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: to_device(item, device, memory_format) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        items = [to_device(item, device, memory_format) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # a namedtuple's fields
+    return value
+
+
+def model_forward(model: nn.Module, inputs: Any) -> Any:
+    """The model on one batch's inputs."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, list | tuple):
+        return model(*inputs)
+    return model(inputs)
 
 
 def pad_sequences(items: list[tuple[Any, Any]], pad_value: float = 0) -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:

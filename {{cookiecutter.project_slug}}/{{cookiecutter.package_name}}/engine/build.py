@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -31,11 +32,26 @@ from .generators import RankGenerators
 from .init_weights import initialise_from
 from .monitor import Monitor
 from .schedule import RunLength, Schedule
-from .step import StepRunner, use_deterministic_kernels
+from .state import TrainState
 from .strategies import Strategy, build_strategy
-from .trainer import Trainer, TrainState
+from .trainer import StepRunner, Trainer
 
 log = logging.getLogger(__name__)
+
+
+def use_deterministic_kernels(enabled: bool) -> None:
+    """trainer.deterministic: the GPU kernels that make a resume bit-exact there.
+
+    CPU results are bit-exact without it (the launch scripts set MKL_CBWR). On GPUs, atomics in
+    some kernels, cuBLAS's workspace choice and cuDNN's benchmark-picked algorithms vary from run
+    to run; this turns all three off. Call before the first cuBLAS use: it reads the workspace
+    setting when it creates its handle.
+    """
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 def prepare_model(config: TrainConfig, env: DistEnv, strategy: Strategy, has_checkpoint: bool = False) -> nn.Module:

@@ -20,12 +20,12 @@ from torch.utils.data import default_collate
 
 from ..capacity import available_memory, check_processes_fit, peak_rss
 from ..config import TrainConfig, to_plain_dict
+from ..datasets.collate import model_forward
 from ..errors import ConfigError, JobError, first_line
 from ..observe.sinks import check_sinks
 from ..placement import BackendChoice, DistEnv
 from ..randomness import building_sample
 from ..run_dir import OUTPUT_ROOT
-from .batch import model_forward
 from .checkpoint.files import local_folder
 from .checkpoint.manager import check_resume
 from .checkpoint.writer import Checkpointer

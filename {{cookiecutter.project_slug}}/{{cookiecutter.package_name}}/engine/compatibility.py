@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import ConfigError, JobError
 from ..placement import DistEnv
 from .distributed import all_gather_bytes
+from .state import run_finished
 
 REFUSED = ("model", "optim._target_", "seed", "data")
 # The same samples, batched otherwise or cached elsewhere (data=shards' local cache of a store's shards).
@@ -84,16 +85,6 @@ def without_repeats(changed: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any,
 def listed(changed: dict[str, tuple[Any, Any]], keys: list[str]) -> str:
     shown = "; ".join(f"{key}: checkpoint {changed[key][0]!r}, config {changed[key][1]!r}" for key in keys[:SHOWN])
     return shown + (f"; and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
-
-
-def run_finished(payload: dict[str, Any], epochs: int, max_steps: int) -> bool:
-    """Whether a run at this state (a checkpoint's payload, or the trainer's) has trained all it will:
-    stopped early, at trainer.max_steps where set, else after its trainer.epochs whole epochs."""
-    if (payload.get("monitor") or {}).get("stopped"):
-        return True
-    if max_steps:
-        return payload.get("step", 0) >= max_steps
-    return payload.get("epoch", 0) >= epochs and payload.get("samples_in_epoch", 0) == 0
 
 
 def check_resumable(path: Path | str, payload: dict[str, Any], config: dict[str, Any], epochs: int) -> list[str]:

@@ -19,8 +19,6 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError, first_line
 
-DATA_KEYS = ("batch_size", "num_workers", "num_classes", "augment", "on_device", "dataset")
-
 
 def locate(path: str) -> Any:
     """The object a dotted path names: the longest importable module, then attributes."""

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..augment import augment, augment_batch
 from ..config import DataConfig
 from ..datasets import TensorImages, normalise
+from ..datasets.collate import Batch
 from ..errors import ConfigError, JobError, first_line
 from ..placement import DistEnv
 from ..randomness import EVAL_EPOCH, building_sample
@@ -52,7 +53,7 @@ class KeyedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: int | TrainKey) -> tuple[Any, Any, float, int]:
+    def __getitem__(self, key: int | TrainKey) -> Batch:
         index, epoch, weight = (key, EVAL_EPOCH, 1.0) if isinstance(key, int) else key
         with building_sample(self.seed, epoch, index):
             try:
@@ -65,7 +66,7 @@ class KeyedDataset(Dataset):
         inputs, target = item
         if self.augmented and epoch != EVAL_EPOCH:
             inputs = augment(inputs, self.seed, epoch, index)
-        return inputs, target, weight, index
+        return Batch(inputs, target, weight, index)  # collated into a Batch of tensors
 
 
 class KeyedCollate:
@@ -78,11 +79,11 @@ class KeyedCollate:
         self.target = node["_target_"]
         self.collate = build({**node, "_partial_": True}, "data.collate")  # the function, its keys bound
 
-    def __call__(self, items: list[tuple[Any, Any, float, int]]) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    def __call__(self, items: list[Batch]) -> Batch:
         inputs, targets = self.pairs([(inputs, target) for inputs, target, _, _ in items])
         weights = torch.tensor([weight for _, _, weight, _ in items], dtype=torch.float64)
         indices = torch.tensor([index for _, _, _, index in items], dtype=torch.int64)
-        return inputs, targets, weights, indices
+        return Batch(inputs, targets, weights, indices)
 
     def pairs(self, items: list[tuple[Any, Any]]) -> tuple[Any, Any]:
         """The user's (inputs, targets) of a list of (input, target) items; a failure is one line."""
@@ -117,7 +118,7 @@ class DeviceBatches:
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.sampler.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         keys = iter(self.sampler)
         while chunk := list(itertools.islice(keys, self.sampler.batch_size)):
             indices = torch.tensor([index for index, _, _ in chunk])
@@ -128,7 +129,7 @@ class DeviceBatches:
                 images = normalise(images)
             if self.augmented:
                 images = augment_batch(images, self.seed, self.sampler.epoch, on_device)
-            yield images, self.labels[on_device], weights, indices
+            yield Batch(images, self.labels[on_device], weights, indices)
 
 
 @dataclass

@@ -171,10 +171,6 @@ def get_world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
-def is_main_process() -> bool:
-    return get_rank() == 0
-
-
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over all ranks in place (a no-op for a world of one) and return it."""
     if is_distributed():

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .batch import model_forward, to_device
+from ..datasets.collate import model_forward, to_device
+from ..tasks import Task
 from .distributed import all_gather_int, all_reduce_sum
 
 
@@ -37,7 +38,7 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, task: Any, device: torch.device, lockstep: bool = False
+    model: nn.Module, loader: DataLoader, task: Task, device: torch.device, lockstep: bool = False
 ) -> EvalResult:
     """The task's metrics over the whole evaluation set, the same on every rank.
 
@@ -76,7 +77,7 @@ def evaluate(
     return EvalResult(summarised(task, means), int(samples.item()))
 
 
-def summarised(task: Any, means: dict[str, float]) -> dict[str, float]:
+def summarised(task: Task, means: dict[str, float]) -> dict[str, float]:
     """The figures: the task's `summarise(means)` where it has one (a ratio of two sums over the whole set,
     as LanguageModel's bits per byte of a BPE), else the means of its per-sample values."""
     summarise = getattr(task, "summarise", None)
@@ -91,7 +92,7 @@ def one_sample(loader: DataLoader) -> Any:
 
 
 @torch.no_grad()
-def metric_names(model: nn.Module, loader: DataLoader, task: Any, device: torch.device) -> list[str]:
+def metric_names(model: nn.Module, loader: DataLoader, task: Task, device: torch.device) -> list[str]:
     """The figures a validation gives (val_<metric>), from one forward of one sample (on every rank:
     a sharded model's forward is a collective)."""
     was_training = model.training

@@ -1,25 +1,44 @@
-"""The training loop: epochs of optimizer steps (or trainer.max_steps of them), validation, checkpoints;
-it stops on agreed signals, and early when the monitored figure stops improving.
+"""The training loop and its step, in the order they run: read it top to bottom.
 
-Everything it uses is built by build.py and owned elsewhere: the strategy (strategies/) spreads the
-model over the ranks, the checkpoint manager (checkpoint/manager.py) saves and resumes, the runner
-(step.py) runs one optimizer step, the schedule (schedule.py) sets its learning rate, the monitor
-(monitor.py) ranks validations, the EMA (ema.py) averages the weights, the sinks (observe/) receive
-what metrics.jsonl receives.
+    Trainer.fit                 train_start callbacks, the epochs, the last checkpoint, train_end
+      Trainer.train_epochs      epoch after epoch until trainer.epochs or trainer.max_steps
+        Trainer.train_epoch     the epoch's optimizer steps; log lines, validation, checkpoints, stop signals
+          Trainer.train_step    the learning rate, step callbacks, the micro-batches, the optimizer step
+            StepRunner.micro_step      forward, loss, backward (gradients reduced with the last one only)
+            StepRunner.optimizer_step  clip, step, zero the gradients
+        Trainer.end_epoch       the next epoch starts from its beginning
+      Trainer.validation        evaluate and record; Trainer.judge: the scheduler and the monitor see it
+    Interval, optimizer_steps: the figures since the last log line; the micro-batches grouped into steps
+
+Where training stands (TrainState, what a checkpoint resumes) is in state.py.
+
+A batch is a Batch (datasets/collate.py): inputs, targets, the samples' weights (0 for the sampler's
+padding) and their indices. What the loop uses is built by build.py: the strategy (strategies/) spreads
+the model over the ranks, the checkpoint manager (checkpoint/manager.py) saves and resumes, the schedule
+(schedule.py) sets the learning rate, the monitor (monitor.py) ranks validations, the EMA (ema.py)
+averages the weights, the callbacks (callbacks.py) run your per-step logic, and the sinks (observe/)
+receive what metrics.jsonl receives. Nothing in a step reads a value back to the host: the loss stays
+on the device until the log line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
 
-from ..config import TrainConfig
+from ..config import TrainConfig, TrainerConfig
+from ..datasets.collate import Batch, model_forward, to_device
 from ..errors import JobError, Preempted
 from ..observe.figures import Throughput
 from ..observe.hangs import StallWatch
@@ -27,21 +46,23 @@ from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
 from ..placement import DistEnv
 from ..run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
+from ..tasks import Task
 from .callbacks import Callbacks
 from .checkpoint.manager import CheckpointManager
-from .compatibility import run_finished
 from .data import Data
 from .distributed import all_reduce_sum, weights_fingerprint
 from .ema import EMA, NoEMA
 from .evaluate import EvalResult, evaluate
 from .monitor import Monitor
 from .preemption import StopOnSigterm
-from .progress import Interval, OptimizerStep, TrainState, optimizer_steps
+from .sampler import ResumableDistributedSampler
 from .schedule import Schedule
-from .step import StepRunner
+from .state import TrainState, run_finished
 from .strategies import Strategy
 
 log = logging.getLogger(__name__)
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -50,11 +71,11 @@ class Trainer:
     env: DistEnv
     run_dir: Path
     strategy: Strategy  # how the model is spread over the ranks (strategies/)
-    model: torch.nn.Module  # the user's model as the strategy holds it (runner.trained is what trains)
+    model: nn.Module  # the user's model as the strategy holds it (runner.trained is what trains)
     optimizer: torch.optim.Optimizer
     data: Data
-    task: Any  # the loss and the metrics (tasks.py)
-    runner: StepRunner  # forward, backward and the optimizer step
+    task: Task  # the loss and the metrics (tasks.py)
+    runner: StepRunner  # forward, backward and the optimizer step (below)
     checkpoints: CheckpointManager
     metrics: MetricsLog
     sample_audit: MetricsLog  # logs/samples_rank_<R>.jsonl, when trainer.record_samples is on
@@ -65,172 +86,10 @@ class Trainer:
     ema: EMA | NoEMA  # trainer.ema (ema.py): the average validation uses
     callbacks: Callbacks = field(default_factory=lambda: Callbacks({}))  # the config's callbacks (callbacks.py)
     throughput: Throughput = field(default_factory=Throughput)  # tokens/s, peak memory, MFU (observe/figures.py)
-    state: TrainState = field(default_factory=TrainState)
+    state: TrainState = field(default_factory=lambda: TrainState())
     validated_at: int = -1  # the step of the last validation in this process (none twice at a step)
     last_result: EvalResult | None = None  # that validation's figures
     grad_norms: torch.Tensor | None = None  # the sum of the interval's gradient norms, on the device
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a checkpoint holds (a collective: every rank calls it at the same point)."""
-        return self.checkpoints.state_dict()
-
-    def load_state_dict(self, payload: dict[str, Any], source: Path | str) -> None:
-        """The exact inverse of state_dict(), at this world size."""
-        self.checkpoints.load_state_dict(payload, source)
-
-    def save(self) -> float | None:
-        """Checkpoint the current step; how long training was held (ms), None where nothing was written."""
-        return self.checkpoints.save(self.state.step)
-
-    def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
-        # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
-        # norm (the same on every rank) with it, on the loss's device (fsdp.cpu_offload's is the CPU).
-        grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
-        sums = all_reduce_sum(torch.stack([interval.loss_sum, grad_norms.to(interval.loss_sum)])).tolist()
-        elapsed = time.perf_counter() - interval.started
-        train_loss = sums[0] / (self.env.world_size * interval.steps)
-        if not math.isfinite(train_loss):  # the same sum on every rank: all stop at this step
-            raise JobError(
-                f"training diverged by step {self.state.step}: the loss is {train_loss}; lower optim.lr or set "
-                f"trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite weights)"
-            )
-        values = {
-            "step": self.state.step,
-            "epoch": self.state.epoch,
-            "train_loss": train_loss,
-            "lr": interval.lr,
-            "samples_per_s": interval.samples / max(elapsed, 1e-9),
-            "grad_norm": sums[1] / (self.env.world_size * interval.steps),  # before clipping; the interval's mean
-            **self.throughput.figures(interval.samples / max(elapsed, 1e-9), self.env),
-        }
-        self.metrics.write("train", **values)
-        log.info("epoch %d step %d: train_loss=%.4f lr=%.4g grad_norm=%.4g %.0f samples/s", values["epoch"],
-                 values["step"], train_loss, values["lr"], values["grad_norm"], values["samples_per_s"])  # fmt: skip
-        if progress_bar is not None:
-            progress_bar.set_postfix(
-                step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
-            )
-        interval.reset()
-        if self.grad_norms is not None:
-            self.grad_norms.zero_()
-
-    def train_step(self, step: OptimizerStep, interval: Interval) -> None:
-        """One optimizer step over its micro-batches; gradients all-reduced once, with the last."""
-        state = self.state
-        self.stalls.begin_step(state.step + 1)
-        self.profiler.step(state.step + 1)
-        if self.schedule.length.by_steps:
-            self.schedule.before_step(state.step + 1)
-        else:  # in epochs, counted in samples: the same curve at any world size
-            epochs_done = (state.samples_in_epoch + step.real_samples) / self.data.sampler.dataset_size
-            self.schedule.before_step(state.epoch + epochs_done)
-        if self.callbacks.step_start:
-            self.callbacks.fire("on_step_start")
-        interval.lr = self.optimizer.param_groups[0]["lr"]
-        for number, (inputs, targets, weights, indices) in enumerate(step.micro_batches, 1):
-            sync = number == step.count
-            if self.throughput.tokens_per_sample is None:  # once: the language model's sequence length
-                self.throughput.count_tokens(self.task, targets, self.model)
-            interval.loss_sum += self.runner.micro_step(inputs, targets, weights, step.real_samples, sync=sync)
-            if self.sample_audit.enabled:
-                indices = indices[weights.cpu() > 0].tolist()
-                self.sample_audit.write("samples", step=state.step + 1, epoch=state.epoch, indices=indices)
-        grad_norm = self.runner.optimizer_step()
-        if self.grad_norms is None:
-            self.grad_norms = torch.zeros((), device=grad_norm.device)
-        self.grad_norms += grad_norm
-        self.schedule.after_step()
-        self.ema.update(state.step + 1)
-        self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
-        state.step += 1
-        state.samples_in_epoch += step.real_samples
-        interval.steps += 1
-        interval.samples += step.real_samples
-        if self.callbacks.step_end:
-            self.callbacks.fire("on_step_end")
-
-    def train_epoch(self, stop: StopOnSigterm) -> None:
-        """Train the rest of the current epoch (from where a resume left it), or up to trainer.max_steps,
-        validating every trainer.val_every_n_steps; it ends early where the monitor stops the run."""
-        config, state, sampler = self.config, self.state, self.data.sampler
-        sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
-        sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
-        interval = Interval(torch.zeros((), device=self.env.device))
-        batches: Any = self.data.train_loader
-        bar = None
-        if use_progress_bar(self.env):
-            from tqdm import tqdm
-
-            batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {state.epoch}", leave=False)
-        max_steps, val_every = config.trainer.max_steps, config.trainer.val_every_n_steps
-        for step in optimizer_steps(batches, sampler, config.trainer.grad_accum_steps):
-            self.train_step(step, interval)
-            if state.step % config.trainer.log_every_n_steps == 0:
-                self.log_interval(interval, bar)
-            epoch_done = state.samples_in_epoch >= sampler.dataset_size
-            if val_every and state.step % val_every == 0 and not epoch_done:  # an epoch's end validates anyway
-                self.validation()
-            if self.checkpoints.due(state.step, epoch_done=epoch_done):
-                self.save()
-            if self.monitor.stopped or state.step == max_steps:  # the same step on every rank
-                break  # (a stop signal now changes nothing: the run saves and ends)
-            if stop.should_stop():
-                self.stop(stop)
-        if interval.steps:
-            self.log_interval(interval, bar)
-
-    def end_epoch(self) -> None:
-        """Move on to the next epoch (its order starts from the beginning)."""
-        self.state.epoch, self.state.samples_in_epoch = self.state.epoch + 1, 0
-
-    def stop(self, stop: StopOnSigterm) -> NoReturn:
-        """A signal every rank agreed on: checkpoint this step, wait for the write, stop."""
-        self.save()
-        self.checkpoints.wait()
-        signum = stop.agreed
-        if self.env.is_main:  # the launcher reads it: torchrun's own exit code does not say
-            write_marker(self.run_dir, STOPPED_MARKER, f"{signum}\n")
-        raise Preempted(f"stopped by {stop.signal_name} after step {self.state.step}; checkpoint saved", signum)
-
-    def validate(self, loader: Any = None) -> EvalResult:
-        self.strategy.sync_buffers()  # rank 0's buffers (BatchNorm statistics) on every rank
-        lockstep = self.strategy.lockstep_evaluation
-        loader = self.data.val_loader if loader is None else loader
-        with self.ema.swapped_in():  # trainer.ema: the average is what is validated
-            return evaluate(self.model, loader, self.task, self.env.device, lockstep=lockstep)
-
-    def evaluate_on(self, loader: Any) -> dict[str, float]:
-        """The task's metrics over another data set's loader, as the validation evaluates (run.evaluate)."""
-        return self.validate(loader).metrics
-
-    def validation(self, epoch_end: bool = False) -> EvalResult:
-        """Validate at this step, record it, and let the monitor rank it: a checkpoint of this step
-        where it is one of the best (at an epoch's end, of the next epoch's start: the end saves it)."""
-        state = self.state
-        started = time.perf_counter()
-        result = self.last_result = self.validate()
-        self.validated_at = state.step
-        record = result.record()
-        self.metrics.write("val", step=state.step, epoch=state.epoch, **record)
-        self.callbacks.fire("on_validation_end", record)
-        if not epoch_end:
-            log.info("step %d: %s (validated in %.1f s)", state.step, result.line(), time.perf_counter() - started)
-        if epoch_end:
-            self.end_epoch()
-        if self.schedule.needs_metric:  # ReduceLROnPlateau: before the checkpoints below, which hold its state
-            self.schedule.after_validation(float(record[self.monitor.key]))
-        if self.monitor.observe(state.step, record):
-            self.checkpoints.keep_best(self.monitor.kept_steps())
-            self.save()
-        if self.monitor.stopped:
-            self.save()
-            log.info("stopping early at step %d: %s", state.step, self.monitor.stopped)
-        return result
-
-    def finished(self) -> bool:
-        """Whether the run has trained all it will (run_finished, of this state)."""
-        trainer = self.config.trainer
-        return run_finished(self.state.state_dict() | self.monitor.state_dict(), trainer.epochs, trainer.max_steps)
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
@@ -271,6 +130,7 @@ class Trainer:
         return result
 
     def train_epochs(self, stop: StopOnSigterm) -> EvalResult | None:
+        """Epochs until the run has trained all it will; the last validation's figures (None: nothing left)."""
         config, state = self.config, self.state
         result = None
         while not self.finished():
@@ -278,17 +138,291 @@ class Trainer:
             self.train_epoch(stop)
             elapsed = time.perf_counter() - started
             if state.samples_in_epoch < self.data.sampler.dataset_size:  # max_steps reached, or stopped early
-                result = self.last_result if self.validated_at == state.step else self.validation()
+                result = self.last_result if self.validated_at == state.step else self.judge(self.validation())
                 self.save()
                 break
-            result = self.validation(epoch_end=True)
+            result = self.validation()
             log.info(
                 "epoch %d%s done in %.1f s (%.0f samples/s): %s",
-                state.epoch,  # the next one's number now: the one done, counted from 1
+                state.epoch + 1,  # counted from 1
                 "" if config.trainer.max_steps else f"/{config.trainer.epochs}",
                 elapsed,
                 (self.data.sampler.dataset_size - start_samples) / max(elapsed, 1e-9),
                 result.line(),
             )
+            self.end_epoch()  # before the monitor's checkpoint: a best one at an epoch's end resumes at the next
+            self.judge(result)
             self.save()
         return result
+
+    def train_epoch(self, stop: StopOnSigterm) -> None:
+        """Train the rest of the current epoch (from where a resume left it), or up to trainer.max_steps,
+        validating every trainer.val_every_n_steps; it ends early where the monitor stops the run."""
+        config, state, sampler = self.config, self.state, self.data.sampler
+        sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
+        sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
+        interval = Interval(torch.zeros((), device=self.env.device))
+        batches: Any = self.data.train_loader
+        bar = None
+        if use_progress_bar(self.env):
+            from tqdm import tqdm
+
+            batches = bar = tqdm(batches, total=sampler.steps_left(), desc=f"epoch {state.epoch}", leave=False)
+        max_steps, val_every = config.trainer.max_steps, config.trainer.val_every_n_steps
+        for step in optimizer_steps(batches, sampler, config.trainer.grad_accum_steps):
+            self.train_step(step, interval)
+            if state.step % config.trainer.log_every_n_steps == 0:
+                self.log_interval(interval, bar)
+            epoch_done = state.samples_in_epoch >= sampler.dataset_size
+            if val_every and state.step % val_every == 0 and not epoch_done:  # an epoch's end validates anyway
+                started = time.perf_counter()
+                result = self.validation()
+                log.info("step %d: %s (validated in %.1f s)", state.step, result.line(), time.perf_counter() - started)
+                self.judge(result)
+            if self.checkpoints.due(state.step, epoch_done=epoch_done):
+                self.save()
+            if self.monitor.stopped or state.step == max_steps:  # the same step on every rank
+                break  # (a stop signal now changes nothing: the run saves and ends)
+            if stop.should_stop():
+                self.stop(stop)
+        if interval.steps:
+            self.log_interval(interval, bar)
+
+    def train_step(self, step: OptimizerStep, interval: Interval) -> None:
+        """One optimizer step over its micro-batches; gradients all-reduced once, with the last."""
+        state = self.state
+        self.stalls.begin_step(state.step + 1)
+        self.profiler.step(state.step + 1)
+        if self.schedule.length.by_steps:
+            self.schedule.before_step(state.step + 1)
+        else:  # in epochs, counted in samples: the same curve at any world size
+            epochs_done = (state.samples_in_epoch + step.real_samples) / self.data.sampler.dataset_size
+            self.schedule.before_step(state.epoch + epochs_done)
+        if self.callbacks.step_start:
+            self.callbacks.fire("on_step_start")
+        interval.lr = self.optimizer.param_groups[0]["lr"]
+        for number, batch in enumerate(step.micro_batches, 1):
+            if self.throughput.tokens_per_sample is None:  # once: the language model's sequence length
+                self.throughput.count_tokens(self.task, batch.targets, self.model)
+            interval.loss_sum += self.runner.micro_step(
+                batch.inputs, batch.targets, batch.weights, step.real_samples, sync=number == step.count
+            )
+            if self.sample_audit.enabled:
+                indices = batch.indices[batch.weights.cpu() > 0].tolist()
+                self.sample_audit.write("samples", step=state.step + 1, epoch=state.epoch, indices=indices)
+        grad_norm = self.runner.optimizer_step()
+        if self.grad_norms is None:
+            self.grad_norms = torch.zeros((), device=grad_norm.device)
+        self.grad_norms += grad_norm
+        self.schedule.after_step()
+        self.ema.update(state.step + 1)
+        self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
+        state.step += 1
+        state.samples_in_epoch += step.real_samples
+        interval.steps += 1
+        interval.samples += step.real_samples
+        if self.callbacks.step_end:
+            self.callbacks.fire("on_step_end")
+
+    def end_epoch(self) -> None:
+        """Move on to the next epoch (its order starts from the beginning)."""
+        self.state.epoch, self.state.samples_in_epoch = self.state.epoch + 1, 0
+
+    def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
+        # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
+        # norm (the same on every rank) with it, on the loss's device (fsdp.cpu_offload's is the CPU).
+        grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
+        sums = all_reduce_sum(torch.stack([interval.loss_sum, grad_norms.to(interval.loss_sum)])).tolist()
+        elapsed = time.perf_counter() - interval.started
+        train_loss = sums[0] / (self.env.world_size * interval.steps)
+        if not math.isfinite(train_loss):  # the same sum on every rank: all stop at this step
+            raise JobError(
+                f"training diverged by step {self.state.step}: the loss is {train_loss}; lower optim.lr or set "
+                f"trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite weights)"
+            )
+        values = {
+            "step": self.state.step,
+            "epoch": self.state.epoch,
+            "train_loss": train_loss,
+            "lr": interval.lr,
+            "samples_per_s": interval.samples / max(elapsed, 1e-9),
+            "grad_norm": sums[1] / (self.env.world_size * interval.steps),  # before clipping; the interval's mean
+            **self.throughput.figures(interval.samples / max(elapsed, 1e-9), self.env),
+        }
+        self.metrics.write("train", **values)
+        log.info("epoch %d step %d: train_loss=%.4f lr=%.4g grad_norm=%.4g %.0f samples/s", values["epoch"],
+                 values["step"], train_loss, values["lr"], values["grad_norm"], values["samples_per_s"])  # fmt: skip
+        if progress_bar is not None:
+            progress_bar.set_postfix(
+                step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
+            )
+        interval.reset()
+        if self.grad_norms is not None:
+            self.grad_norms.zero_()
+
+    def validation(self) -> EvalResult:
+        """Validate at this step and record it: metrics.jsonl (and the sinks), then the callbacks."""
+        result = self.last_result = self.validate()
+        self.validated_at = self.state.step
+        self.metrics.write("val", step=self.state.step, epoch=self.state.epoch, **result.record())
+        self.callbacks.fire("on_validation_end", result.record())
+        return result
+
+    def judge(self, result: EvalResult) -> EvalResult:
+        """The scheduler and the monitor see a validation: a checkpoint of this step where it is one
+        of the best, and the run's stop where the figure stopped improving."""
+        record = result.record()
+        if self.schedule.needs_metric:  # ReduceLROnPlateau: before the checkpoints below, which hold its state
+            self.schedule.after_validation(float(record[self.monitor.key]))
+        if self.monitor.observe(self.state.step, record):
+            self.checkpoints.keep_best(self.monitor.kept_steps())
+            self.save()
+        if self.monitor.stopped:
+            self.save()
+            log.info("stopping early at step %d: %s", self.state.step, self.monitor.stopped)
+        return result
+
+    def validate(self, loader: Any = None) -> EvalResult:
+        """The task's figures over the validation set (or `loader`), as every strategy evaluates."""
+        self.strategy.sync_buffers()  # rank 0's buffers (BatchNorm statistics) on every rank
+        lockstep = self.strategy.lockstep_evaluation
+        loader = self.data.val_loader if loader is None else loader
+        with self.ema.swapped_in():  # trainer.ema: the average is what is validated
+            return evaluate(self.model, loader, self.task, self.env.device, lockstep=lockstep)
+
+    def evaluate_on(self, loader: Any) -> dict[str, float]:
+        """The task's metrics over another data set's loader, as the validation evaluates (run.evaluate)."""
+        return self.validate(loader).metrics
+
+    def save(self) -> float | None:
+        """Checkpoint the current step; how long training was held (ms), None where nothing was written."""
+        return self.checkpoints.save(self.state.step)
+
+    def stop(self, stop: StopOnSigterm) -> NoReturn:
+        """A signal every rank agreed on: checkpoint this step, wait for the write, stop."""
+        self.save()
+        self.checkpoints.wait()
+        signum = stop.agreed
+        if self.env.is_main:  # the launcher reads it: torchrun's own exit code does not say
+            write_marker(self.run_dir, STOPPED_MARKER, f"{signum}\n")
+        raise Preempted(f"stopped by {stop.signal_name} after step {self.state.step}; checkpoint saved", signum)
+
+    def finished(self) -> bool:
+        """Whether the run has trained all it will (run_finished, of this state)."""
+        trainer = self.config.trainer
+        return run_finished(self.state.state_dict() | self.monitor.state_dict(), trainer.epochs, trainer.max_steps)
+
+
+class StepRunner:
+    """Forward and backward of micro-batches, then the optimizer step, as the trainer config says (mixed
+    precision, channels_last, clipping); the strategy says how gradients are reduced, whether autocast
+    casts, and what follows each step.
+
+    A step runs `grad_accum_steps` micro-batches. Every backward but the last runs with the strategy's
+    gradient reduction off (DDP's `no_sync()`, FSDP's gradient sync), so gradients are reduced once per
+    optimizer step, over the sum of all the micro-batches' gradients: the gradient of one big batch, at
+    the memory cost of a small one."""
+
+    def __init__(
+        self,
+        trained: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: TrainerConfig,
+        device: torch.device,
+        world_size: int,
+        task: Task,
+        strategy: Strategy,
+    ) -> None:
+        self.trained, self.optimizer, self.device, self.world_size = trained, optimizer, device, world_size
+        self.task, self.strategy = task, strategy
+        self.dtype = AUTOCAST_DTYPES[config.precision] if strategy.autocasts else None
+        self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+        self.clip_grad_norm = config.clip_grad_norm
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]  # what clipping sees
+        # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+
+    def micro_step(
+        self, inputs: Any, targets: Any, weights: torch.Tensor, real_samples: int, sync: bool
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch (`sync` on the last one of the step only); its
+        share of the step's loss, on the device: the step's loss is the sum of its micro-batches'."""
+        inputs = to_device(inputs, self.device, self.memory_format)
+        targets = to_device(targets, self.device)
+        weights = weights.to(self.device, non_blocking=True)
+        with self.strategy.gradient_sync(self.trained, sync):
+            with self.autocast():
+                outputs = model_forward(self.trained, inputs)
+            per_sample = self.task.loss(outputs, targets)
+            # DDP averages gradients over ranks; scaling by world_size / real_samples makes that
+            # average the mean over exactly the real samples of the step's global batch (all its
+            # micro-batches), also when the last one is short or uneven: padding (weight 0) adds nothing.
+            loss = (per_sample * weights).sum() * (self.world_size / real_samples)
+            self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> torch.Tensor:
+        """Clip, step, clear the gradients; then what the strategy does after a step. The gradients'
+        global norm before clipping, on the device (read back with the interval's log line only)."""
+        if self.scaler.is_enabled():  # fp16: the norm of the true gradients (step() knows they are unscaled)
+            self.scaler.unscale_(self.optimizer)
+        if self.clip_grad_norm > 0:
+            norm = nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        else:  # the same norm clipping computes (frozen parameters have no gradient: left out)
+            norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if isinstance(norm, DTensor):  # sharded gradients (fsdp): the norm over every rank's shards
+            norm = norm.full_tensor()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.strategy.after_step()
+        return norm.detach()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's `grad_scaler`: fp16's loss scale; empty otherwise."""
+        return {"grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {}}
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        if payload["grad_scaler"] and self.scaler.is_enabled():
+            self.scaler.load_state_dict(payload["grad_scaler"])
+
+
+@dataclass
+class Interval:
+    """Loss and sample counts since the last log line, kept on the device: no sync per step."""
+
+    loss_sum: torch.Tensor
+    steps: int = 0
+    lr: float = 0.0  # the learning rate of the last step (a scheduler has set the next one's since)
+    samples: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.steps, self.samples, self.started = 0, 0, time.perf_counter()
+
+
+@dataclass
+class OptimizerStep:
+    """One optimizer step: its micro-batches (read once, in order) and its real sample count."""
+
+    micro_batches: Iterator[Batch]
+    count: int  # micro-batches in the step: grad_accum_steps, fewer at the epoch's end
+    real_samples: int  # non-padding samples in the step's global batch, over all ranks
+
+
+def optimizer_steps(
+    batches: Iterable[Batch], sampler: ResumableDistributedSampler, accum: int
+) -> Iterator[OptimizerStep]:
+    """The rest of the epoch's micro-batches, grouped into optimizer steps of `accum` each."""
+    batches, left, samples_done = iter(batches), sampler.steps_left(), sampler.start
+    while left > 0:
+        count = min(accum, left)
+        real_samples = sampler.real_samples_in_step(samples_done, count)
+        yield OptimizerStep(itertools.islice(batches, count), count, real_samples)
+        left, samples_done = left - count, samples_done + real_samples

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..tasks import Task
+
 # Peak dense (no sparsity) bf16 tensor-core FLOP/s, from the vendors' data sheets (SXM where two exist).
 PEAK_BF16_FLOPS = {
     "H200": 989e12,
@@ -55,7 +57,7 @@ class Throughput:
         self.flops_per_token: float | None = None
         self.peak: float | None = None
 
-    def count_tokens(self, task: Any, targets: Any, model: torch.nn.Module) -> None:
+    def count_tokens(self, task: Task, targets: Any, model: torch.nn.Module) -> None:
         counter = getattr(task, "tokens_per_sample", None)
         self.tokens_per_sample = int(counter(targets)) if callable(counter) else 0
         flops = getattr(model, "flops_per_token", None)

@@ -26,17 +26,17 @@ def test_load_state_dict_is_the_exact_inverse_of_state_dict(tmp_path: Path) -> N
         trained.train_epoch(stop)  # momentum buffers, counters and generator states that are not fresh
     finally:
         stop.close()
-    saved = trained.state_dict()
+    saved = trained.checkpoints.state_dict()
     assert saved["step"] == 3 and saved["samples_in_epoch"] == 96 and saved["optimizer"]["state"]
     resumed = trainer(tmp_path / "b")
-    resumed.load_state_dict(saved, "memory")
-    assert_same(resumed.state_dict(), saved)
+    resumed.checkpoints.load_state_dict(saved, "memory")
+    assert_same(resumed.checkpoints.state_dict(), saved)
 
 
 def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path: Path) -> None:
-    saved = trainer(tmp_path / "a").state_dict()
+    saved = trainer(tmp_path / "a").checkpoints.state_dict()
     with pytest.raises(ConfigError, match=r"format version 99, newer than this code's 1: update the project's code"):
-        trainer(tmp_path / "b").load_state_dict({**saved, "format_version": 99}, "step_5.pt")
+        trainer(tmp_path / "b").checkpoints.load_state_dict({**saved, "format_version": 99}, "step_5.pt")
 
 
 def test_a_save_says_how_long_it_held_training_and_diverged_weights_are_never_written(tmp_path: Path, caplog) -> None:
@@ -63,9 +63,10 @@ def test_a_save_says_how_long_it_held_training_and_diverged_weights_are_never_wr
 
 
 def test_a_resume_says_where_from_and_which_settings_it_changed(tmp_path: Path, caplog) -> None:
-    saved = trainer(tmp_path / "a").state_dict()
+    saved = trainer(tmp_path / "a").checkpoints.state_dict()
     caplog.set_level(logging.INFO)
-    trainer(tmp_path / "b", "optim.lr=0.05", "trainer.log_every_n_steps=7").load_state_dict(saved, "step_0.pt")
+    resumed = trainer(tmp_path / "b", "optim.lr=0.05", "trainer.log_every_n_steps=7")
+    resumed.checkpoints.load_state_dict(saved, "step_0.pt")
     assert "resumed from step_0.pt: epoch 0, step 0, 0 samples into the epoch (saved by 1 processes, now 1)" in (
         caplog.messages
     )
