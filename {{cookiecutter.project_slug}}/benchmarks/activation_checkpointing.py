@@ -3,7 +3,7 @@
     python benchmarks/activation_checkpointing.py [--block-size 512] [--batch 8] [--steps 10] [--device cuda]
 
 In one process, the GPT of configs/model/gpt.yaml is built twice from the same seed and trained with
-AdamW on the same random bytes: plain, then with its blocks checkpointed (engine/activation.py). For
+AdamW on the same random bytes: plain, then with its blocks checkpointed (engine/assembly/activation.py). For
 each it reports the bytes of the tensors saved for backward by one forward (each storage once, the
 parameters not counted; checkpoint's own copies of the blocks' inputs are not saved for backward, so
 not counted: the CUDA peak counts them), on CUDA the peak memory allocated in a step, the median time
@@ -26,8 +26,8 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from {{cookiecutter.package_name}}.engine.activation import checkpoint_activations  # noqa: E402
-from {{cookiecutter.package_name}}.engine.components import build_model  # noqa: E402
+from {{cookiecutter.package_name}}.engine.assembly.activation import checkpoint_activations  # noqa: E402
+from {{cookiecutter.package_name}}.engine.assembly.components import build_model  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 BLOCKS = list(OmegaConf.load(CONFIGS / "train.yaml").fsdp.blocks)  # what train.py checkpoints: fsdp.blocks

@@ -32,14 +32,14 @@ import torch.nn.functional as F
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_DIR))
 
+from {{cookiecutter.package_name}}.common.run_dir import register_resolvers  # noqa: E402
 from {{cookiecutter.package_name}}.config import PRECISIONS, DistConfig, register_configs, to_train_config  # noqa: E402
-from {{cookiecutter.package_name}}.engine.build import build_trainer  # noqa: E402
-from {{cookiecutter.package_name}}.engine.components import build_model  # noqa: E402
-from {{cookiecutter.package_name}}.engine.distributed import distributed  # noqa: E402
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer  # noqa: E402
+from {{cookiecutter.package_name}}.engine.assembly.components import build_model  # noqa: E402
+from {{cookiecutter.package_name}}.engine.distributed.process_group import distributed  # noqa: E402
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm  # noqa: E402
 from {{cookiecutter.package_name}}.engine.strategies.ddp import wrap_ddp  # noqa: E402
 from {{cookiecutter.package_name}}.engine.trainer import AUTOCAST_DTYPES  # noqa: E402
-from {{cookiecutter.package_name}}.run_dir import register_resolvers  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -28,9 +28,9 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from {{cookiecutter.package_name}}.config import COMM_HOOKS, DDPConfig, DistConfig  # noqa: E402
-from {{cookiecutter.package_name}}.engine.comm_hooks import register_comm_hook  # noqa: E402
-from {{cookiecutter.package_name}}.engine.components import build_model  # noqa: E402
-from {{cookiecutter.package_name}}.engine.distributed import distributed  # noqa: E402
+from {{cookiecutter.package_name}}.engine.assembly.components import build_model  # noqa: E402
+from {{cookiecutter.package_name}}.engine.distributed.comm_hooks import register_comm_hook  # noqa: E402
+from {{cookiecutter.package_name}}.engine.distributed.process_group import distributed  # noqa: E402
 from {{cookiecutter.package_name}}.engine.strategies.ddp import wrap_ddp  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

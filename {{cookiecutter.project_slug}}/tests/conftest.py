@@ -11,7 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from {{cookiecutter.package_name}} import eval as eval_entry
 from {{cookiecutter.package_name}} import train as train_entry
-from {{cookiecutter.package_name}}.run_dir import CONTROL_DIR_ENV
+from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV
 
 
 @pytest.fixture

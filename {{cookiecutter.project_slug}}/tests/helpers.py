@@ -25,15 +25,15 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import nn
 
+from {{cookiecutter.package_name}}.common.placement import DistEnv
+from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV, FINISHED_MARKER, register_resolvers
 from {{cookiecutter.package_name}}.config import CheckpointConfig, DataConfig, register_configs, to_train_config
 from {{cookiecutter.package_name}}.datasets import pad_sequences
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.launch.keys import parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan, worker_environment
-from {{cookiecutter.package_name}}.placement import DistEnv
-from {{cookiecutter.package_name}}.run_dir import CONTROL_DIR_ENV, FINISHED_MARKER, register_resolvers
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -72,11 +72,11 @@ def cpu_env(rank: int, world_size: int) -> DistEnv:
 
 
 def check_launch_for(overrides: list[str], run_dir: Path | None = None, nproc: int = 1, gpus: int = 0):  # noqa: ANN201
-    """What a worker checks as it starts (engine/checks.py), for a job of `nproc` processes on a node
+    """What a worker checks as it starts (engine/assembly/checks.py), for a job of `nproc` processes on a node
     with `gpus` GPUs; the model it built."""
+    from {{cookiecutter.package_name}}.common.placement import choose_backend
     from {{cookiecutter.package_name}}.config import to_train_config
-    from {{cookiecutter.package_name}}.engine.checks import check_launch
-    from {{cookiecutter.package_name}}.placement import choose_backend
+    from {{cookiecutter.package_name}}.engine.assembly.checks import check_launch
 
     config = to_train_config(compose_config(overrides))
     choice = choose_backend(config.dist.backend, gpus, nproc, mpi_available=False)

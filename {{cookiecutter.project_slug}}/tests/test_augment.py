@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.augment import CROP_PADDING, augment, augment_batch
-from {{cookiecutter.package_name}}.randomness import as_int64, sample_seed
+from {{cookiecutter.package_name}}.datasets.randomness import as_int64, sample_seed
 
 INDICES = [*range(200), 1000, 2**31 + 5, 49999, 123456789, 2**40 + 3]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

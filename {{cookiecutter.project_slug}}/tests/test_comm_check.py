@@ -9,7 +9,7 @@ import re
 import pytest
 
 from {{cookiecutter.package_name}} import comm_check
-from {{cookiecutter.package_name}}.placement import DistEnv
+from {{cookiecutter.package_name}}.common.placement import DistEnv
 
 from .helpers import on_ranks
 

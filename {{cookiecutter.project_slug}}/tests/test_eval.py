@@ -9,8 +9,8 @@ import pytest
 
 from {{cookiecutter.package_name}} import eval as entry
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine import entry as entry_module
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly import entry as entry_module
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
 from .helpers import compose_config, cpu_env
 

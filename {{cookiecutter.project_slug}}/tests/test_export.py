@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
-from {{cookiecutter.package_name}}.engine.distributed import weights_fingerprint
-from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.engine.distributed.process_group import weights_fingerprint
 from {{cookiecutter.package_name}}.export import export, main
 from {{cookiecutter.package_name}}.models import SmallCNN
 
@@ -90,7 +90,7 @@ def test_a_safetensors_out_is_read_by_safetensors_own_loader_and_by_init_from(tm
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from {{cookiecutter.package_name}}.engine.init_weights import read_weights
+    from {{cookiecutter.package_name}}.engine.assembly.init_weights import read_weights
 
     weights = write_checkpoint(tmp_path / "step_00000007.pt")
     line = export(tmp_path / "step_00000007.pt", tmp_path / "model.safetensors")

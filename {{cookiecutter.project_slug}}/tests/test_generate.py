@@ -12,11 +12,11 @@ import torch
 from {{cookiecutter.package_name}} import generate as entry
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.datasets import stdlib_sources
+from {{cookiecutter.package_name}}.datasets.tokenizer import of_folder
 from {{cookiecutter.package_name}}.datasets.tokens import prepare_tokens
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
 from {{cookiecutter.package_name}}.models import GPT
-from {{cookiecutter.package_name}}.tokenizer import of_folder
 
 from .helpers import compose_config, cpu_env
 

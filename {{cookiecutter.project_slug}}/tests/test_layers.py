@@ -1,6 +1,6 @@
 """The package's shape (docs/layout.md): its layers as pyproject.toml's import-linter contracts say,
-no import cycle, no module over 300 lines (but the training loop's), no Jinja left in a module; and tests/ as its mirror, each
-module's unit test file at the module's path."""
+no import cycle, no module over 300 lines (but the training loop's), no Jinja left in a module; and
+tests/ as its mirror, each module's unit test file at the module's path."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import {{cookiecutter.package_name}} as package
-from {{cookiecutter.package_name}} import datasets, randomness, tasks
+from {{cookiecutter.package_name}} import datasets, tasks
+from {{cookiecutter.package_name}}.datasets import randomness
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 

@@ -13,12 +13,12 @@ from hydra import initialize_config_dir
 from torch.utils.data import default_collate
 
 from {{cookiecutter.package_name}} import predict as entry
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import compose_for_checkpoint, config_dir, register_configs, to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.components import build_datasets, build_model
+from {{cookiecutter.package_name}}.engine.assembly.entry import checkpoint_model
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
-from {{cookiecutter.package_name}}.engine.components import build_datasets, build_model
-from {{cookiecutter.package_name}}.engine.entry import checkpoint_model
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from .helpers import compose_config, cpu_env, on_ranks
 

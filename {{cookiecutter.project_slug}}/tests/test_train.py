@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from {{cookiecutter.package_name}} import train as entry
-from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
+from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 
 # @record wants a real stderr for faulthandler; under capsys it has none, which changes nothing here.
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")

@@ -5,7 +5,7 @@ What your own model, data set or task may rely on, importable from the package i
 
 - `Task`: the interface of a `task._target_` (loss and metrics per sample), tasks.py.
 - `seeded_by_sample`, `sample_generator`, `current_sample`: randomness drawn per sample, so that a
-  resume repeats it bit for bit at any number of processes, randomness.py.
+  resume repeats it bit for bit at any number of processes, datasets/randomness.py.
 - `TensorImages`, `normalise`: an in-memory image data set, datasets/images.py.
 
 They load on first use: `import {{ cookiecutter.package_name }}` costs no torch import (the launcher's
@@ -19,9 +19,9 @@ from typing import Any
 
 EXPORTS = {
     "Task": "tasks",
-    "seeded_by_sample": "randomness",
-    "sample_generator": "randomness",
-    "current_sample": "randomness",
+    "seeded_by_sample": "datasets.randomness",
+    "sample_generator": "datasets.randomness",
+    "current_sample": "datasets.randomness",
     "TensorImages": "datasets",
     "normalise": "datasets",
 }

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .randomness import sample_seeds, shift_right
+from .datasets.randomness import sample_seeds, shift_right
 
 CROP_PADDING = 4
 

@@ -20,7 +20,7 @@ class FreezeUntil:
     """Freeze the parameters whose names start with one of `prefixes` (a backbone) for the first `step`
     optimizer steps, then train them. A frozen parameter gets no gradient, so the optimizer leaves it,
     its momentum and its weight decay alone. Under ddp this needs DDP to find unused parameters:
-    `freezes_parameters` tells the engine to turn ddp.find_unused_parameters on (engine/build.py)."""
+    `freezes_parameters` tells the engine to turn ddp.find_unused_parameters on (engine/assembly/build.py)."""
 
     freezes_parameters = True
 

@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
+from .common.errors import ConfigError
+from .common.placement import DistEnv
 from .config import config_dir, register_configs, to_train_config
-from .engine.distributed import distributed
-from .errors import ConfigError
-from .placement import DistEnv
+from .engine.distributed.process_group import distributed
 
 SIZES_BYTES = [2**k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
 

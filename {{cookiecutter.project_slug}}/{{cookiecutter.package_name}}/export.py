@@ -16,13 +16,13 @@ from typing import BinaryIO
 
 import torch
 
+from .common.errors import ConfigError, fail
+from .common.storage import local_path
+from .engine.assembly.components import build_model
 from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, write_atomically
 from .engine.checkpoint.trust import check_trusted
 from .engine.checkpoint.weights import has_ema, load_weights
-from .engine.components import build_model
-from .engine.distributed import weights_fingerprint
-from .errors import ConfigError, fail
-from .storage import local_path
+from .engine.distributed.process_group import weights_fingerprint
 
 
 def export(checkpoint: Path, out: Path, trust: bool = False) -> str:

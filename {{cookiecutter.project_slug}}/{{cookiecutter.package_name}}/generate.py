@@ -20,13 +20,13 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from .common.errors import ConfigError
 from .config import GenerateConfig, config_dir, let_group_keys_through
+from .datasets.tokenizer import Tokenizer, find, of_folder
+from .engine.assembly.components import build_model, locate
+from .engine.assembly.entry import checkpoint_config, prepare, reporting_user_errors
 from .engine.checkpoint.weights import load_weights
-from .engine.components import build_model, locate
-from .engine.entry import checkpoint_config, prepare, reporting_user_errors
-from .errors import ConfigError
 from .tasks import LanguageModel
-from .tokenizer import Tokenizer, find, of_folder
 
 
 @torch.inference_mode()

@@ -23,19 +23,19 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Subset
 
+from .common.errors import ConfigError
+from .common.placement import DistEnv
+from .common.processes import exit_now
+from .common.storage import is_remote
 from .config import PredictConfig, config_dir, let_group_keys_through
 from .config.values import require
 from .datasets.collate import model_forward, to_device
+from .engine.assembly.components import build_datasets, build_task
+from .engine.assembly.entry import checkpoint_config, checkpoint_model, prepare, reporting_user_errors
 from .engine.checkpoint.files import write_atomically
-from .engine.components import build_datasets, build_task
-from .engine.data import KeyedDataset, loader_options
-from .engine.distributed import all_gather_bytes, all_gather_int, distributed, process_env
-from .engine.entry import checkpoint_config, checkpoint_model, prepare, reporting_user_errors
-from .errors import ConfigError
+from .engine.data.loader import KeyedDataset, loader_options
+from .engine.distributed.process_group import all_gather_bytes, all_gather_int, distributed, process_env
 from .observe.logs import setup_logging
-from .placement import DistEnv
-from .processes import exit_now
-from .storage import is_remote
 from .tasks import Task
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out
     task = build_task(config.task)
     kind = prediction_kind(task, config)
     train, val = build_datasets(config.data.dataset)
-    dataset = KeyedDataset(train if config.split == "train" else val, config.seed, augmented=False)
+    dataset = KeyedDataset(train if config.split == "train" else val, config.seed)
     shard = batch_shard(len(dataset), config.data.batch_size, env.rank, env.world_size)
     loader = DataLoader(Subset(dataset, list(shard)), shuffle=False, **loader_options(config.data, env, config.seed))
     piece, refused = {}, ""

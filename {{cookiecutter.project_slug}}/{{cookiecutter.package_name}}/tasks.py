@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from .tokenizer import of_folder
+from .datasets.tokenizer import of_folder
 
 
 @runtime_checkable

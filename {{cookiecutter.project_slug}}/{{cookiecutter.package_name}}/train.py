@@ -7,9 +7,9 @@ import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from .common.processes import exit_now
 from .config import config_dir
-from .engine.entry import prepare, run_train
-from .processes import exit_now
+from .engine.assembly.entry import prepare, run_train
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import PredictConfig, to_train_config
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ..helpers import compose_config
 

@@ -8,8 +8,8 @@ import json
 import pytest
 from hydra.errors import HydraException
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ..helpers import PROJECT_DIR, compose_config
 

@@ -9,8 +9,8 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ..helpers import compose_config
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ..helpers import PROJECT_DIR, compose_config
 

@@ -14,7 +14,7 @@ def test_text_splits_the_corpus_by_file_and_draws_windows_per_sample() -> None:
     assert len(files) > 100 and all(path.suffix == ".py" for path in files)
     train, val = text(None, block_size=64, train_samples=10, val_samples=5)
     assert len(train.data) > 3 * len(val.data) > 0, "every 10th file is validation"
-    from {{cookiecutter.package_name}}.randomness import building_sample
+    from {{cookiecutter.package_name}}.datasets.randomness import building_sample
 
     with building_sample(0, 1, 3):
         x, y = train[3]

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.components import build_datasets
-from {{cookiecutter.package_name}}.engine.data import build_data
-from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.engine.assembly.components import build_datasets
+from {{cookiecutter.package_name}}.engine.data.loader import build_data
 
 from ..helpers import compose_config, cpu_env, write_cifar, write_image_tree
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import JobError
 from {{cookiecutter.package_name}}.datasets import shard_cache
 from {{cookiecutter.package_name}}.datasets.shard_cache import ShardCache, cache_folder
-from {{cookiecutter.package_name}}.errors import JobError
 
 SIZE = 1000
 

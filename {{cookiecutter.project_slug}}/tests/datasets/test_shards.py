@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.datasets import image_folder, sharded
 from {{cookiecutter.package_name}}.datasets.prepare import main as prepare
 from {{cookiecutter.package_name}}.datasets.shards import text_splits, write_shards
-from {{cookiecutter.package_name}}.engine.sampler import ResumableDistributedSampler
-from {{cookiecutter.package_name}}.errors import ConfigError
+from {{cookiecutter.package_name}}.engine.data.sampler import ResumableDistributedSampler
 
 from ..helpers import cpu_env, write_image_tree
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}} import train as train_entry
+from {{cookiecutter.package_name}}.common.errors import ConfigError
+from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 from {{cookiecutter.package_name}}.datasets import text, token_windows
 from {{cookiecutter.package_name}}.datasets import tokens as tokens_module
+from {{cookiecutter.package_name}}.datasets.randomness import building_sample
 from {{cookiecutter.package_name}}.datasets.tokens import prepare_tokens
-from {{cookiecutter.package_name}}.errors import ConfigError
-from {{cookiecutter.package_name}}.randomness import building_sample
-from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
 
 from ..helpers import record_fsyncs
 

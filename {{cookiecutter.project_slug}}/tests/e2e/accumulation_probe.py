@@ -22,7 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, FSDPConfig, TrainerConfig  # noqa: E402
-from {{cookiecutter.package_name}}.engine.distributed import distributed  # noqa: E402
+from {{cookiecutter.package_name}}.engine.distributed.process_group import distributed  # noqa: E402
 from {{cookiecutter.package_name}}.engine.strategies import strategy_class  # noqa: E402
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner  # noqa: E402
 from {{cookiecutter.package_name}}.tasks import Classification  # noqa: E402

@@ -60,7 +60,7 @@ def test_gpus_key_sets_one_process_per_listed_gpu(tmp_path) -> None:
 
 
 # The two below start the launcher only to be refused, several seconds each: in the slow set, as
-# tests/test_placement.py (the backend) and tests/config/test_schema.py (the hook settings) check them
+# tests/common/test_placement.py (the backend) and tests/config/test_schema.py (the hook settings) check them
 # in-process.
 @pytest.mark.slow
 @pytest.mark.skipif(dist.is_mpi_available(), reason="this torch has MPI: the backend is accepted")

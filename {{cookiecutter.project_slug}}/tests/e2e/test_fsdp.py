@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.config import DataConfig
+from {{cookiecutter.package_name}}.engine.assembly.components import build_model, build_task
 from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints, load_checkpoint
-from {{cookiecutter.package_name}}.engine.components import build_model, build_task
-from {{cookiecutter.package_name}}.engine.data import build_data
+from {{cookiecutter.package_name}}.engine.data.loader import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import evaluate
 
 from ..helpers import PYTHON, cpu_env, run

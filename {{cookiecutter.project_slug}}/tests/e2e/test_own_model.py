@@ -92,7 +92,7 @@ def test_a_torchvision_model_is_one_yaml_file(tmp_path: Path) -> None:
     assert read_metrics(tmp_path / "run")[-1]["kind"] == "val"
 
 
-# Several seconds to start the launcher and be refused: in the slow set, as tests/engine/test_checks.py
+# Several seconds to start the launcher and be refused: in the slow set, as tests/engine/assembly/test_checks.py
 # checks the same refusals in-process.
 @pytest.mark.slow
 def test_a_target_that_cannot_work_stops_the_launch_script_with_one_line() -> None:

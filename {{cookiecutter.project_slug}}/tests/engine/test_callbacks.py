@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
+from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
-from {{cookiecutter.package_name}}.errors import ConfigError, JobError
-from {{cookiecutter.package_name}}.placement import DistEnv
 
 from ..helpers import TINY, assert_same, compose_config, on_ranks, trainer
 

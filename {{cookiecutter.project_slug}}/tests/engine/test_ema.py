@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.engine.ema import EMA, NoEMA, shard_like
-from {{cookiecutter.package_name}}.placement import DistEnv
 
 from ..helpers import on_ranks
 

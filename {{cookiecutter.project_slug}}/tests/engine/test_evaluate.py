@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.datasets.collate import model_forward
-from {{cookiecutter.package_name}}.engine.build import build_trainer
-from {{cookiecutter.package_name}}.engine.data import build_data
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.data.loader import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
 from {{cookiecutter.package_name}}.tasks import Classification
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.engine.monitor import Monitor
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 
 def watch(values: list[float], mode: str = "min", keep_best: int = 2, patience: int = 0, delta: float = 0.0,

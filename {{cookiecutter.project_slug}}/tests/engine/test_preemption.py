@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import Preempted
 from {{cookiecutter.package_name}}.engine.preemption import STOP_SIGNALS, StopOnSigterm
-from {{cookiecutter.package_name}}.errors import Preempted
 
 from ..helpers import on_ranks
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
+from {{cookiecutter.package_name}}.common.placement import DistEnv
+from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
-from {{cookiecutter.package_name}}.errors import ConfigError
-from {{cookiecutter.package_name}}.placement import DistEnv
-from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
 from ..helpers import TINY, assert_same, compose_config, on_ranks
 

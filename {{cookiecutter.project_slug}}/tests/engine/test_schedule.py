@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.schedule import Cosine, RunLength, Schedule
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ..helpers import compose_config
 

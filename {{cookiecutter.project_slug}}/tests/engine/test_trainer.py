@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
+from {{cookiecutter.package_name}}.common.placement import DistEnv
+from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER, STOPPED_MARKER
 from {{cookiecutter.package_name}}.config import TrainerConfig, to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
-from {{cookiecutter.package_name}}.engine.distributed import weights_fingerprint
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.distributed.process_group import weights_fingerprint
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.engine.strategies import Strategy
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner, optimizer_steps
-from {{cookiecutter.package_name}}.placement import DistEnv
-from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER, STOPPED_MARKER
 from {{cookiecutter.package_name}}.tasks import Classification
 
 from ..helpers import CPU, TINY, assert_same, compose_config, on_ranks, trainer
@@ -180,7 +180,7 @@ def test_a_stop_signal_checkpoints_the_step_and_says_which_signal(tmp_path: Path
     import os
     import signal
 
-    from {{cookiecutter.package_name}}.errors import Preempted
+    from {{cookiecutter.package_name}}.common.errors import Preempted
 
     run = trainer(tmp_path, "trainer.epochs=2", "checkpoint.every_n_steps=0")
     step = run.train_step

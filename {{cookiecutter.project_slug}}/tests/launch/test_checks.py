@@ -1,5 +1,5 @@
 """launch/checks.py: the launcher's torch-free checks before torchrun, each refusal one line (what
-needs torch the workers check: tests/engine/test_checks.py)."""
+needs torch the workers check: tests/engine/assembly/test_checks.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_gpus_key_is_checked_against_the_backend_before_torchrun(keys: list[str]
         (["data.batch_size=abc"], "data.batch_size must be a whole number >= 1, got 'abc'"),
         (["trainer.epoch=3"], "To append to your config use +trainer.epoch=3"),
     ],
-)  # what needs torch (data sets, the model, checkpoints, memory) the workers check: tests/engine/test_checks.py
+)  # what needs torch (data sets, the model, checkpoints, memory) the workers check: engine/assembly/test_checks.py
 def test_preflight_refuses_bad_config_with_one_line(overrides: list[str], message: str) -> None:
     launch = planned("single", "NPROC_PER_NODE=2")
     with pytest.raises(LaunchError) as error:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 from {{cookiecutter.package_name}}.launch import cluster_sweep
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan
-from {{cookiecutter.package_name}}.run_dir import FINISHED_MARKER
 
 POINT = ["task=classification", "data=synthetic", "model=small_cnn"]
 

@@ -14,12 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.launch import job as job_module
-from {{cookiecutter.package_name}}.launch.job import lock_run_dir
-from {{cookiecutter.package_name}}.launch.keys import LaunchArgs, LaunchError, parse_args
-from {{cookiecutter.package_name}}.launch.plan import plan
-from {{cookiecutter.package_name}}.launch.supervise import Forwarder
-from {{cookiecutter.package_name}}.run_dir import (
+from {{cookiecutter.package_name}}.common.run_dir import (
     CONTROL_DIR_ENV,
     DEBUG_DIR_ENV,
     FAILED_MARKER,
@@ -27,6 +22,11 @@ from {{cookiecutter.package_name}}.run_dir import (
     REFUSED,
     STOPPED_MARKER,
 )
+from {{cookiecutter.package_name}}.launch import job as job_module
+from {{cookiecutter.package_name}}.launch.job import lock_run_dir
+from {{cookiecutter.package_name}}.launch.keys import LaunchArgs, LaunchError, parse_args
+from {{cookiecutter.package_name}}.launch.plan import plan
+from {{cookiecutter.package_name}}.launch.supervise import Forwarder
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_the_jobs_exit_code_follows_what_the_workers_said(tmp_path, capsys, mark
 def test_a_job_its_workers_refused_as_they_started_says_one_line_and_leaves_no_new_run_dir(
     tmp_path: Path, monkeypatch, capsys, existing: bool, forwarder: Forwarder
 ) -> None:
-    """The workers' start checks (engine/checks.py) refuse through FAILED_MARKER with a third line: the
+    """The workers' start checks (engine/assembly/checks.py) refuse through FAILED_MARKER with a third line: the
     launcher says the line alone, exits 2, and removes the run dir it made for the job (not one given)."""
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "given" if existing else None

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.run_dir import STORE_ADDRESS_ENV
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
 from {{cookiecutter.package_name}}.launch.plan import debug_dir_environment, plan, worker_environment
 from {{cookiecutter.package_name}}.observe.hangs import DEBUG_DIR_ENV, debug_dir
-from {{cookiecutter.package_name}}.run_dir import STORE_ADDRESS_ENV
 
 from ..helpers import planned
 

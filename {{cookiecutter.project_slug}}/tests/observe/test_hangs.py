@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from {{cookiecutter.package_name}}.errors import JobError
+from {{cookiecutter.package_name}}.common.errors import JobError
 from {{cookiecutter.package_name}}.observe.hangs import (
     Beat,
     StallWatch,

@@ -137,7 +137,7 @@ def test_a_full_disk_is_said_once_on_the_console_and_stops_the_metrics_with_one_
 ) -> None:
     import errno
 
-    from {{cookiecutter.package_name}}.errors import JobError
+    from {{cookiecutter.package_name}}.common.errors import JobError
 
     setup_logging(tmp_path, cpu_env(0, 1), all_ranks_console=False)
     rank_log = next(h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler))

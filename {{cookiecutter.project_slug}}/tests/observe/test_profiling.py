@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.observe.profiling import NoProfiler, StepProfiler, build_profiler
 
 from ..helpers import compose_config, cpu_env

@@ -11,8 +11,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError
-from ..redaction import redact
+from ..common.errors import ConfigError
+from ..common.redaction import redact
 from .commands import PredictConfig
 from .generate import GenerateConfig
 from .schema import DataConfig, EvalConfig, LogConfig, TrainConfig, check_optim, check_scheduler
@@ -77,7 +77,7 @@ def check_all(section: Any) -> None:
 def to_plain_dict(config: Any) -> dict[str, Any]:
     """The config as plain dicts, lists and scalars (what a weights_only checkpoint may hold):
     the groups as configured, so that the checkpoint's config composes again. What is written of a
-    config (checkpoints, config.yaml, trackers) is this: credentials redacted (redaction.py)."""
+    config (checkpoints, config.yaml, trackers) is this: credentials redacted (common/redaction.py)."""
     log = dict(config.log) if isinstance(config.log, LogConfig) else config.log
     plain = OmegaConf.to_container(OmegaConf.structured(replace(config, log=log)), resolve=True)
     if isinstance(config.data, DataConfig):

@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 
 
 def config_dir() -> Path:

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError
-from ..randomness import current_sample, sample_seed
+from ..common.errors import ConfigError
+from .randomness import current_sample, sample_seed
 
 PREPARING = ".prepare-"  # in the name of the hidden folders prepare writes beside OUT (tokens.py)
 

@@ -1,11 +1,14 @@
 """The built-in image data sets: `synthetic_images`, `cifar10` (its own python format), `image_folder`
-(a folder per class); and TensorImages, an in-memory set of uint8 images any data set may return."""
+(a folder per class); TensorImages, an in-memory set of uint8 images any data set may return; and
+DeviceBatches, the training batches of such a set gathered on the device (`data.on_device`)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
+from .collate import Batch
 
 
 def normalise(images_uint8: torch.Tensor) -> torch.Tensor:
@@ -143,3 +147,38 @@ def check_image_tree(folder: Path, num_classes: int) -> None:
         empty = next((entry.path for entry in images if entry.stat().st_size == 0), None)
         if empty is not None:
             raise ConfigError(f"image_folder: {empty} is an empty file: replace or remove it")
+
+
+class DeviceBatches:
+    """The training batches of `data.on_device`: the set lives on the device and each batch is
+    gathered, normalised and transformed there (augment.py's augment_batch with data.augment), from
+    the sampler's own keys, so the batches equal the DataLoader's (same order, same crops and flips)
+    without workers or host-to-device copies. `sampler` yields (index, epoch, weight) keys and has
+    `batch_size` and `epoch` (the engine's resumable sampler)."""
+
+    def __init__(
+        self,
+        base: TensorImages,
+        sampler: Any,
+        seed: int,
+        transform: Callable[[torch.Tensor, int, int, torch.Tensor], torch.Tensor] | None,
+        device: torch.device,
+    ) -> None:
+        self.images, self.labels = base.images.to(device), base.labels.to(device)
+        self.sampler, self.seed, self.transform, self.device = sampler, seed, transform, device
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.sampler.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        keys = iter(self.sampler)
+        while chunk := list(itertools.islice(keys, self.sampler.batch_size)):
+            indices = torch.tensor([index for index, _, _ in chunk])
+            weights = torch.tensor([weight for _, _, weight in chunk], dtype=torch.float64)  # as collated
+            on_device = indices.to(self.device, non_blocking=True)
+            images = self.images[on_device]
+            if images.dtype == torch.uint8:
+                images = normalise(images)
+            if self.transform is not None:
+                images = self.transform(images, self.seed, self.sampler.epoch, on_device)
+            yield Batch(images, self.labels[on_device], weights, indices)

@@ -20,7 +20,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ..errors import USER_ERROR_EXIT, ConfigError, say
+from ..common.errors import USER_ERROR_EXIT, ConfigError, say
 
 # (the command's name, its module in this folder, its one-line help)
 KINDS = (

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError, first_line
-from ..redaction import redact_text
-from ..storage import filesystem
+from ..common.errors import JobError, first_line
+from ..common.redaction import redact_text
+from ..common.storage import filesystem
 
 log = logging.getLogger(__name__)
 RETRY_S = 120.0  # how long a failing store is retried before the job stops (a store's restart fits)

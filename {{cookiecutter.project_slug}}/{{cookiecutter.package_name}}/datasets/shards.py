@@ -10,8 +10,8 @@ seq_len + 1 bytes, overlapping by one, so that the windows of a split together h
 Training (`data=shards`) reads the items image_folder's and text's are: normalised float images and
 integer labels; (bytes, the same shifted by one) as int64. A set is map-style: item i is found through
 the index, its shard loaded (memory-mapped) from the folder or, for a store, from the node's cache
-(shard_cache.py). Its `shard_sizes` make the sampler's order shard-aware (engine/sampler.py); its
-`prepared` (the index's id) is what a checkpoint records of the data (engine/compatibility.py).
+(shard_cache.py). Its `shard_sizes` make the sampler's order shard-aware (engine/data/sampler.py); its
+`prepared` (the index's id) is what a checkpoint records of the data (engine/assembly/compatibility.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError, first_line, say
-from ..storage import check_reachable, filesystem, is_remote
+from ..common.errors import ConfigError, first_line, say
+from ..common.storage import check_reachable, filesystem, is_remote
 from .images import check_image_tree, normalise
 from .shard_cache import ShardCache, cache_folder
 

@@ -3,8 +3,8 @@
 Prepared once (`python -m <package>.datasets.prepare tokens CORPUS OUT`, prepare.py): the corpus that
 `data=text` reads, split by file by the same rule, streamed file by file into OUT/train.bin and
 OUT/val.bin, with OUT/meta.json saying how, and an id, new at each prepare, that a checkpoint records
-(engine/compatibility.py: a resume on data prepared again is refused). Tokens are bytes by default (a
-vocabulary of 256), or a byte-level BPE's ids (`--tokenizer bpe|FILE`, tokenizer.py); meta.json names
+(engine/assembly/compatibility.py: a resume on data prepared again is refused). Tokens are bytes by default (a
+vocabulary of 256), or a byte-level BPE's ids (`--tokenizer bpe|FILE`, datasets/tokenizer.py); meta.json names
 the tokenizer and the dtype. Training (`data=tokens`) draws the same windows as `data=text` does from
 the same corpus, read from the map of each file, which each process (and each DataLoader worker) opens
 on its first window.
@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, say
-from ..tokenizer import chosen, save, write_ids
+from ..common.errors import ConfigError, say
 from .corpus import PREPARING, TextWindows, text_files
+from .tokenizer import chosen, save, write_ids
 
 FORMAT = 1
 SPLITS = ("train", "val")
@@ -48,7 +48,8 @@ def prepare_tokens(
     stdlib's sources; never `out` itself nor other prepared data inside it), `repeat` times over,
     atomically: a hidden folder beside it, renamed at the end (one a killed prepare left is removed
     by the next). An existing `out` is refused unless `force`. `tokenizer`: bytes (None), bpe (trained
-    on the training files, `vocab_size` ids) or a tokenizer.json (tokenizer.py). Returns meta.json's contents."""
+    on the training files, `vocab_size` ids) or a tokenizer.json (datasets/tokenizer.py). Returns
+    meta.json's contents."""
     if val_every < 2 or repeat < 1:
         raise ConfigError(f"--val-every must be >= 2 and --repeat >= 1, got {val_every} and {repeat}")
     if out.exists() and not force:

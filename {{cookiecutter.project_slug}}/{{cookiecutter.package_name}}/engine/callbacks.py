@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, JobError, Preempted, first_line
-from ..placement import DistEnv
-from .components import build
-from .data import KeyedDataset, loader_options
-from .distributed import all_gather_bytes
-from .sampler import eval_shard
+from ..common.errors import ConfigError, JobError, Preempted, first_line
+from ..common.placement import DistEnv
+from .assembly.components import build
+from .data.loader import KeyedDataset, loader_options
+from .data.sampler import eval_shard
+from .distributed.process_group import all_gather_bytes
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Callbacks:
 
 def eval_loader(dataset: Any, data: Any, env: DistEnv, seed: int) -> torch.utils.data.DataLoader:
     """This rank's share of a map-style data set, loaded as the validation set is (data.py)."""
-    keyed = KeyedDataset(dataset, seed, augmented=False)
+    keyed = KeyedDataset(dataset, seed)
     shard = torch.utils.data.Subset(keyed, list(eval_shard(len(keyed), env.rank, env.world_size)))
     return torch.utils.data.DataLoader(shard, shuffle=False, **loader_options(data, env, seed))
 

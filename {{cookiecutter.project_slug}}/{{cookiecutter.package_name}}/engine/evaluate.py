@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from ..datasets.collate import model_forward, to_device
 from ..tasks import Task
-from .distributed import all_gather_int, all_reduce_sum
+from .distributed.process_group import all_gather_int, all_reduce_sum
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..common.errors import ConfigError
 from ..config import CheckpointConfig, TrainerConfig
-from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 

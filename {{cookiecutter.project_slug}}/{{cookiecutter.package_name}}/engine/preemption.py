@@ -17,7 +17,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from .distributed import is_distributed
+from .distributed.process_group import is_distributed
 
 log = logging.getLogger(__name__)
 

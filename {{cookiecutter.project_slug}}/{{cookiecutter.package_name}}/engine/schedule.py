@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from .compatibility import differences, listed, under
-from .components import build
+from ..common.errors import ConfigError
+from .assembly.compatibility import differences, listed, under
+from .assembly.components import build
 
 log = logging.getLogger(__name__)
 

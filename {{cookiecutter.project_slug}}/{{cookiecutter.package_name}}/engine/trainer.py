@@ -37,25 +37,25 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..common.errors import JobError, Preempted
+from ..common.placement import DistEnv
+from ..common.run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
 from ..config import TrainConfig, TrainerConfig
 from ..datasets.collate import Batch, model_forward, to_device
-from ..errors import JobError, Preempted
 from ..observe.figures import Throughput
 from ..observe.hangs import StallWatch
 from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
-from ..placement import DistEnv
-from ..run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
 from ..tasks import Task
 from .callbacks import Callbacks
 from .checkpoint.manager import CheckpointManager
-from .data import Data
-from .distributed import all_reduce_sum, weights_fingerprint
+from .data.loader import Data
+from .data.sampler import ResumableDistributedSampler
+from .distributed.process_group import all_reduce_sum, weights_fingerprint
 from .ema import EMA, NoEMA
 from .evaluate import EvalResult, evaluate
 from .monitor import Monitor
 from .preemption import StopOnSigterm
-from .sampler import ResumableDistributedSampler
 from .schedule import Schedule
 from .state import TrainState, run_finished
 from .strategies import Strategy

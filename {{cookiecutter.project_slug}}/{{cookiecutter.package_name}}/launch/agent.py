@@ -22,8 +22,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, g
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous
 from torch.distributed.run import parse_args, run
 
-from ..processes import exit_now
-from ..run_dir import STORE_ADDRESS_ENV
+from ..common.processes import exit_now
+from ..common.run_dir import STORE_ADDRESS_ENV
 
 STORE_ARGUMENTS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
                    "master_listen_fd", "use_libuv")  # fmt: skip

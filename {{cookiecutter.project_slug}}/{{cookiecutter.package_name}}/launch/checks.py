@@ -1,13 +1,13 @@
 """The checks before torchrun starts, in the launcher's process and without torch: the config composed
 as the workers will compose it, the backend, the run dir, and whether this machine holds the
-processes' start; each mistake is one line (LaunchError). The rest the workers check (engine/checks.py)."""
+processes' start; each mistake is one line (LaunchError). The rest the workers check (engine/assembly/checks.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..capacity import WORKER_START_BYTES, available_memory, check_processes_fit, too_many_for_the_cores
-from ..placement import choose_backend, visible_gpu_count
+from ..common.capacity import WORKER_START_BYTES, available_memory, check_processes_fit, too_many_for_the_cores
+from ..common.placement import choose_backend, visible_gpu_count
 from .keys import LaunchError
 from .plan import Launch
 from .supervise import say
@@ -32,8 +32,8 @@ def compose_train_config(overrides: list[str]):  # noqa: ANN201 (a DictConfig; o
     """configs/train.yaml with the overrides, composed as the workers will; one line if it fails."""
     from hydra import compose, initialize_config_dir
 
+    from ..common.run_dir import register_resolvers
     from ..config import config_dir, register_configs
-    from ..run_dir import register_resolvers
 
     register_configs()
     register_resolvers()
@@ -47,9 +47,9 @@ def compose_train_config(overrides: list[str]):  # noqa: ANN201 (a DictConfig; o
 def checked_config(overrides: list[str], launch: Launch):  # noqa: ANN201 (a TrainConfig; imported lazily)
     """The composed config through its schema and ranges, and the backend for this launch's processes
     and GPUs: what needs no torch. What does (the model, data sets, checkpoint, strategy, memory) the
-    workers check as they start, before their process group forms (engine/checks.py)."""
+    workers check as they start, before their process group forms (engine/assembly/checks.py)."""
+    from ..common.errors import ConfigError
     from ..config import to_train_config
-    from ..errors import ConfigError
 
     cfg = compose_train_config(overrides)
     try:
@@ -86,8 +86,8 @@ def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Pat
 def check_store(url: str) -> None:
     """An object store for the checkpoints that does not answer: one line now, not a job that trains
     and then cannot save."""
-    from ..errors import ConfigError
-    from ..storage import check_reachable, is_remote
+    from ..common.errors import ConfigError
+    from ..common.storage import check_reachable, is_remote
 
     if is_remote(url):
         try:

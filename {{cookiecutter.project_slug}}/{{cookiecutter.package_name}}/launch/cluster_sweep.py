@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..run_dir import FINISHED_MARKER
+from ..common.run_dir import FINISHED_MARKER
 from .checks import preflight
 from .job import last_evaluation
 from .keys import LaunchError

@@ -15,9 +15,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from ..capacity import oom_kills, oom_line
-from ..redaction import redact_text
-from ..run_dir import (
+from ..common.capacity import oom_kills, oom_line
+from ..common.redaction import redact_text
+from ..common.run_dir import (
     CONTROL_DIR_ENV,
     DEBUG_DIR,
     FAILED_MARKER,
@@ -101,7 +101,7 @@ def job_exit_code(code: int, run_dir: Path, control: Path, forwarder: Forwarder)
 
 
 def is_refusal(failed: str | None) -> bool:
-    """Whether the workers' FAILED_MARKER is their start's checks refusing the job (engine/entry.py):
+    """Whether the workers' FAILED_MARKER is their start's checks refusing the job (engine/assembly/entry.py):
     a user's mistake, said in one line, before any work."""
     return failed is not None and failed.strip().split("\n")[2:3] == [REFUSED]
 

@@ -5,7 +5,7 @@
 One table of launch keys (KEYS) with their defaults and help. A launch checks the keys, then
 what needs no torch (preflight, in this process: the config, the backend, the run dir), then starts
 torchrun once; every mistake is one line on stderr and exit code 2, with no traceback, also one that
-the workers find as they start (engine/checks.py: the model, data and checkpoint). Upper-case
+the workers find as they start (engine/assembly/checks.py: the model, data and checkpoint). Upper-case
 KEY=VALUE arguments are launch keys; Hydra's flags (--cfg job, --info, --help, -m) and overrides
 go to the training; anything after `--` goes to torchrun. Keys a scheduler puts in the
 environment (NODE_RANK, MASTER_ADDR, MASTER_PORT, NNODES, torchrun's PET_*) are used when the
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from ..redaction import redact_text
+from ..common.redaction import redact_text
 from .checks import check_comm_config
 from .job import train
 from .keys import USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, usage

@@ -10,8 +10,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..placement import visible_gpu_count
-from ..run_dir import DEBUG_DIR_ENV, STORE_ADDRESS_ENV
+from ..common.placement import visible_gpu_count
+from ..common.run_dir import DEBUG_DIR_ENV, STORE_ADDRESS_ENV
 from .keys import LaunchArgs, LaunchError, resolve_keys, whole_number
 
 

@@ -1,5 +1,5 @@
 """torchrun as the launcher's child: started in a process group of its own that dies with the
-launcher (processes.py), sent the stop signals the launcher receives (Forwarder), killed when a
+launcher (common/processes.py), sent the stop signals the launcher receives (Forwarder), killed when a
 worker reports an error no restart can fix or when the nodes do not all come; lines on the
 console (say)."""
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from ..processes import own_group_dying_with_parent
+from ..common.processes import own_group_dying_with_parent
 from .keys import LaunchError
 from .plan import Launch
 from .rendezvous import NodeWait, NodeZeroWatch, has_children

@@ -38,8 +38,8 @@ from typing import IO
 
 import torch.distributed as dist
 
-from ..errors import JobError
-from ..run_dir import DEBUG_DIR_ENV
+from ..common.errors import JobError
+from ..common.run_dir import DEBUG_DIR_ENV
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import JobError, first_line
-from ..placement import DistEnv
-from ..redaction import redact_text
+from ..common.errors import JobError, first_line
+from ..common.placement import DistEnv
+from ..common.redaction import redact_text
 
 log = logging.getLogger(__name__)
 

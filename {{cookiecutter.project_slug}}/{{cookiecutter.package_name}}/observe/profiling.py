@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, tensorboard_trace_handler
 
+from ..common.placement import DistEnv
 from ..config import TrainerConfig, step_range
-from ..placement import DistEnv
 
 log = logging.getLogger(__name__)
 

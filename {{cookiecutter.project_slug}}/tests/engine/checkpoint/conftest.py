@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.storage import filesystem
+from {{cookiecutter.package_name}}.common.storage import filesystem
 
 
 @pytest.fixture

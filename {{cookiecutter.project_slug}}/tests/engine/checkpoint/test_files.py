@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.engine.checkpoint.files import (
     NotACheckpoint,
     load_checkpoint,
@@ -16,7 +17,6 @@ from {{cookiecutter.package_name}}.engine.checkpoint.files import (
     write_atomically,
     write_text_atomically,
 )
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ...helpers import checkpointer, record_fsyncs
 

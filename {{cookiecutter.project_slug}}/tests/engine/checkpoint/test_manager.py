@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
-from {{cookiecutter.package_name}}.errors import ConfigError, JobError
 
 from ...helpers import assert_same, trainer
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
-from {{cookiecutter.package_name}}.errors import ConfigError, JobError
 
 from .test_store import config, state
 

@@ -20,8 +20,10 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from {{cookiecutter.package_name}}.common.errors import JobError
+from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint import weights
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
     MetadataUnpickler,
@@ -33,9 +35,7 @@ from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
     shard_files,
 )
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
-from {{cookiecutter.package_name}}.errors import JobError
 from {{cookiecutter.package_name}}.models import SmallCNN
-from {{cookiecutter.package_name}}.placement import DistEnv
 
 from ...helpers import PYTHON, assert_same, compose_config, on_ranks, record_fsyncs, run
 
@@ -244,7 +244,7 @@ def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
                        "checkpoint.store_retry_s=2")  # fmt: skip
     writer, state = trained.checkpoints.writer, trained.checkpoints.state_dict()
     written: list[int] = []
-    writer.on_written.append(written.append)  # what the trackers' sinks are told (engine/build.py)
+    writer.on_written.append(written.append)  # what the trackers' sinks are told (engine/assembly/build.py)
     said = logging.getLogger(type(writer).__mro__[1].__module__)  # the writer's log, which the commit uses
     said.setLevel(logging.INFO)
     said.addHandler(lines := logging.handlers.BufferingHandler(100))

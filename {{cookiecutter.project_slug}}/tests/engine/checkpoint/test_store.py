@@ -17,11 +17,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
+from {{cookiecutter.package_name}}.common.storage import check_reachable
 from {{cookiecutter.package_name}}.config import CheckpointConfig
 from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
-from {{cookiecutter.package_name}}.errors import ConfigError, JobError
-from {{cookiecutter.package_name}}.storage import check_reachable
 
 
 def config(url: str, keep_last: int = 2, retry_s: float = 1.0) -> CheckpointConfig:
@@ -36,7 +36,7 @@ def state(step: int) -> dict:
 
 def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk(s3_server, tmp_path: Path) -> None:
     url = f"{s3_server.bucket()}/runs/a"
-    check_reachable(url, "checkpoint.dir")  # what the launcher asks before torchrun (tests/test_storage.py)
+    check_reachable(url, "checkpoint.dir")  # what the launcher asks before torchrun (tests/common/test_storage.py)
     with pytest.raises(ConfigError, match="^checkpoint.dir=s3://no-such-bucket/a: the store does not answer"):
         check_reachable("s3://no-such-bucket/a", "checkpoint.dir")
     writer = Checkpointer(tmp_path / "node0", config(url), is_writer=True)

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}} import eval as eval_entry
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.init_weights import read_weights
 from {{cookiecutter.package_name}}.engine.checkpoint.trust import check_trusted, trusted
-from {{cookiecutter.package_name}}.engine.init_weights import read_weights
-from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.export import main as export_main
 
 from ...helpers import compose_config, cpu_env, on_ranks

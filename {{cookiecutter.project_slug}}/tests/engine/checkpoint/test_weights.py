@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.engine.checkpoint.weights import load_weights
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 
 def model(out_features: int = 3, seed: int = 0) -> nn.Module:

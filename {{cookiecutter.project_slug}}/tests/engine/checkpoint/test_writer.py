@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import CheckpointConfig
 from {{cookiecutter.package_name}}.engine.checkpoint import writer as checkpoint
 from {{cookiecutter.package_name}}.engine.checkpoint.files import best_checkpoint, load_checkpoint
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ...helpers import checkpointer
 
@@ -109,7 +109,7 @@ def test_save_snapshots_the_state_and_writes_it_on_another_thread_without_waitin
 
 
 def test_a_failed_background_write_stops_the_run_and_keeps_the_previous_checkpoints(tmp_path: Path) -> None:
-    from {{cookiecutter.package_name}}.errors import JobError
+    from {{cookiecutter.package_name}}.common.errors import JobError
 
     folder = tmp_path / "checkpoints"
     checkpoints = checkpointer(folder, keep_last=5)
@@ -184,8 +184,8 @@ def test_resume_never_is_refused_where_checkpoints_exist_and_a_weight_mismatch_i
 
 
 def test_a_write_the_disk_failed_stops_the_job_and_one_a_lost_peer_failed_lets_torchrun_restart(tmp_path) -> None:
+    from {{cookiecutter.package_name}}.common.errors import JobError
     from {{cookiecutter.package_name}}.engine.checkpoint.writer import is_storage_error
-    from {{cookiecutter.package_name}}.errors import JobError
 
     full = OSError(28, "No space left on device")
     peer = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:37027: Connection reset by peer")

@@ -11,11 +11,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import prepare_model
+from {{cookiecutter.package_name}}.engine.assembly.build import prepare_model
 from {{cookiecutter.package_name}}.engine.strategies import build_strategy
 from {{cookiecutter.package_name}}.engine.strategies.ddp import wrap_ddp
-from {{cookiecutter.package_name}}.placement import DistEnv
 
 from ...helpers import TINY, compose_config, cpu_env, trainer
 

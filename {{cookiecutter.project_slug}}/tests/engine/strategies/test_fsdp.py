@@ -12,9 +12,9 @@ import pytest
 import torch
 import torchvision
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import FSDPConfig, to_train_config
 from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, find_blocks, per_rank_bytes
-from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.models import GPT, SmallCNN
 
 from ...helpers import compose_config, cpu_env, run
@@ -80,7 +80,7 @@ def test_fsdp_blocks_under_ddp_is_taken_for_activation_checkpointing_only() -> N
 def test_bf16_under_fsdp_computes_in_bf16_from_fp32_shards_and_reduces_the_loss_in_fp32(tmp_path: Path) -> None:
     import torch.distributed as dist
 
-    from {{cookiecutter.package_name}}.engine.build import build_trainer
+    from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
     overrides = ["task=language_model", "strategy=fsdp", "trainer.precision=bf16", "model.width=32",
                  "model.layers=1", "data.train_samples=24", "data.val_samples=10"]  # fmt: skip

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
+from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.engine.strategies import build_strategy
-from {{cookiecutter.package_name}}.errors import ConfigError
-from {{cookiecutter.package_name}}.placement import DistEnv
 
 from ...helpers import SMALL, compose_config, on_ranks
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.config.values import STRATEGY_SECTIONS
 from {{cookiecutter.package_name}}.engine.strategies import names, strategy_class
-from {{cookiecutter.package_name}}.errors import ConfigError
 
 from ...helpers import compose_config
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
 from ...helpers import SMALL, compose_config, cpu_env
 

@@ -24,10 +24,10 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
+from ...common.errors import ConfigError
+from ...common.run_dir import CHECKPOINTS_DIR, OUTPUT_ROOT
+from ...common.storage import is_remote
 from ...config import CheckpointConfig
-from ...errors import ConfigError
-from ...run_dir import CHECKPOINTS_DIR, OUTPUT_ROOT
-from ...storage import is_remote
 
 FORMAT_VERSION = 1  # what this code writes; a checkpoint of a newer one is refused (check_format_version)
 NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards (fsdp)

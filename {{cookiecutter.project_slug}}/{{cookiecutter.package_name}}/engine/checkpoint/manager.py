@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import torch
 
+from ...common.errors import JobError, first_line
+from ...common.placement import DistEnv
 from ...config import CheckpointConfig
-from ...errors import JobError, first_line
-from ...placement import DistEnv
-from ..compatibility import check_resumable
-from ..distributed import all_gather_int, broadcast_bytes
+from ..assembly.compatibility import check_resumable
+from ..distributed.process_group import all_gather_int, broadcast_bytes
 from .files import FORMAT_VERSION, check_format_version, checkpoint_name
 
 log = logging.getLogger(__name__)

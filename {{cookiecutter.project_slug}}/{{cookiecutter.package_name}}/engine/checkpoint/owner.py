@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...common.errors import ConfigError, JobError
 from ...config import CheckpointConfig
-from ...errors import ConfigError, JobError
 from .files import OWNER_FILE, owner_id, write_text_atomically
 
 

@@ -11,7 +11,7 @@ node, with an empty local disk, finds the newest whole one there and brings it d
   say it: a store that came back empty holds none), and the local copies, which stay.
 - The store and the local folder are one history: a resume takes the newest whole checkpoint of
   either (writer.py).
-- Credentials come from the client's own environment and files (storage.py): nothing here sees one,
+- Credentials come from the client's own environment and files (common/storage.py): nothing here sees one,
   and the URL is redacted wherever it is printed.
 """
 
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ...errors import JobError, first_line
-from ...redaction import redact_text
-from ...storage import filesystem
+from ...common.errors import JobError, first_line
+from ...common.redaction import redact_text
+from ...common.storage import filesystem
 from .files import NAME_PATTERN, TMP_PREFIX, TRAINER_FILE
 
 log = logging.getLogger(__name__)

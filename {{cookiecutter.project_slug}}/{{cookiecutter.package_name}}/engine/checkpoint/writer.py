@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from ...common.errors import ConfigError, JobError, first_line
+from ...common.storage import is_remote
 from ...config import CheckpointConfig
-from ...errors import ConfigError, JobError, first_line
-from ...storage import is_remote
 from .files import (
     BEST_FILE,
     TMP_PREFIX,

@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ...common.placement import DistEnv
 from ...config import CheckpointConfig, TrainConfig
-from ...placement import DistEnv
-from ..distributed import sync_buffers_from_rank_zero
+from ..distributed.process_group import sync_buffers_from_rank_zero
 
 
 class Strategy:

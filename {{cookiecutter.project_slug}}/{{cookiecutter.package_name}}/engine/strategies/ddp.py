@@ -16,13 +16,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ...common.errors import ConfigError
+from ...common.placement import DistEnv
 from ...config import CheckpointConfig, DDPConfig
-from ...errors import ConfigError
-from ...placement import DistEnv
 from ..checkpoint.files import restore
 from ..checkpoint.writer import Checkpointer
-from ..comm_hooks import hook_state_dict, load_hook_state, register_comm_hook
-from ..distributed import is_distributed
+from ..distributed.comm_hooks import hook_state_dict, load_hook_state, register_comm_hook
+from ..distributed.process_group import is_distributed
 from . import Strategy
 
 

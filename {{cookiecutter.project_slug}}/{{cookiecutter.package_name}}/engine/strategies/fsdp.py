@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...common.errors import ConfigError
 from ...config import CheckpointConfig, FSDPConfig
-from ...errors import ConfigError
-from ..distributed import all_reduce_sum
+from ..distributed.process_group import all_reduce_sum
 from . import Strategy
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ...errors import ConfigError
-from ..distributed import env_int
+from ...common.errors import ConfigError
+from ..distributed.process_group import env_int
 from .fsdp import FSDP
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.observe.sinks.trackers.mlflow_tracker import check as check_server
 
 from ....helpers import check_launch_for, compose_config, free_port

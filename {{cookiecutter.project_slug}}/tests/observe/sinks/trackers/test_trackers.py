@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError, Preempted
 from {{cookiecutter.package_name}}.config import LogConfig, to_train_config
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
-from {{cookiecutter.package_name}}.errors import ConfigError, Preempted
 from {{cookiecutter.package_name}}.observe.logs import MetricsLog
 from {{cookiecutter.package_name}}.observe.sinks.trackers import IDS_FILE, Held, Record, Trackers, check_installed, tracker_modules
 

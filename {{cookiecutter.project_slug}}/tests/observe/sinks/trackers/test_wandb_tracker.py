@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import LogConfig, to_train_config
-from {{cookiecutter.package_name}}.errors import ConfigError
 from {{cookiecutter.package_name}}.observe.sinks.trackers import Record
 
 from ....helpers import check_launch_for, compose_config

@@ -30,8 +30,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ....common.errors import ConfigError, Preempted, first_line
 from ....config import LogConfig
-from ....errors import ConfigError, Preempted, first_line
 from .records import Held, Record, Tracker, read_records
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ....common.errors import ConfigError
+from ....common.redaction import redact_text
 from ....config import LogConfig
-from ....errors import ConfigError
-from ....redaction import redact_text
 from .records import Held, Record
 
 CONNECT_TIMEOUT_S = 5.0

@@ -1,0 +1,93 @@
+"""common/processes.py: a job's processes end with the one that started them, and at once when done."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+PACKAGE = "{{cookiecutter.package_name}}"
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs: reaped, or a zombie that its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def wait_gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def orphan_after_parent_killed(setup: str) -> tuple[int, int, bool]:
+    """A parent starts a child that runs `setup` before anything else (as torchrun's workers and the
+    launcher's torchrun do), then the parent is SIGKILLed: (the child's pid, its process group, gone)."""
+    child = f"""
+        import time
+        from {PACKAGE}.processes import {setup}
+        {setup}()
+        import os
+        print(os.getpid(), os.getpgid(0), flush=True)
+        time.sleep(60)
+    """
+    parent = f"""
+        import subprocess, sys, time
+        subprocess.Popen({python(child)!r})
+        time.sleep(60)
+    """
+    proc = subprocess.Popen(python(parent), cwd=PROJECT_DIR, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        pid, group = (int(word) for word in proc.stdout.readline().split())  # the child runs, set up
+        proc.kill()
+        proc.wait()
+        died = wait_gone(pid)
+        if not died:
+            os.kill(pid, signal.SIGKILL)
+        return pid, group, died
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_a_child_dies_when_its_parent_is_killed() -> None:
+    pid, _, died = orphan_after_parent_killed("die_with_parent")
+    assert died, f"child {pid} outlived its parent"
+
+
+def test_torchruns_setup_gives_it_a_process_group_of_its_own_and_death_with_the_launcher() -> None:
+    pid, group, died = orphan_after_parent_killed("own_group_dying_with_parent")
+    assert group == pid, "its own process group: Ctrl-C reaches it once, through the launcher"
+    assert died, f"child {pid} outlived its parent"
+
+
+def test_exit_now_flushes_what_was_printed_and_skips_the_interpreters_teardown() -> None:
+    code = f"""
+        import atexit, sys
+        from {PACKAGE}.processes import exit_now
+        atexit.register(lambda: print("teardown ran", flush=True))
+        print("trained", end="")
+        sys.stderr.write("and written")
+        exit_now(3)
+    """
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # as under a pipe
+    proc = subprocess.run(python(code), cwd=PROJECT_DIR, env=buffered, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "trained", "and written")

@@ -1,0 +1,28 @@
+"""engine/assembly/components.py: every option of every config group names a callable its `_target_` reaches (the
+`_target_`s that cannot work, refused as a worker starts: tests/engine/assembly/test_checks.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.assembly.components import target_of
+
+from ...helpers import PROJECT_DIR, compose_config
+
+OPTIONS = [
+    f"{group.name}={path.stem}"
+    for group in sorted((PROJECT_DIR / "configs").iterdir())
+    if group.is_dir()
+    for path in sorted(group.glob("*.yaml"))
+]
+
+
+@pytest.mark.parametrize("choice", OPTIONS)
+def test_every_group_option_composes_checks_and_names_a_callable(choice: str) -> None:
+    in_language_model = choice in ("model=gpt", "data=text", "data=tokens")  # they belong with task=language_model
+    language = ["task=language_model"] if in_language_model else []
+    config = to_train_config(compose_config([*language, choice]))
+    for key, node in [("model", config.model), ("optim", config.optim), ("task", config.task),
+                      ("data.dataset", config.data.dataset)]:  # fmt: skip
+        assert callable(target_of(node, key)), key

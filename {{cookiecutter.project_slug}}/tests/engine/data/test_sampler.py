@@ -1,0 +1,155 @@
+"""The training sampler and the evaluation split: which rank sees which samples, at any world size."""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data import DataLoader
+
+from {{cookiecutter.package_name}}.engine.data.sampler import ResumableDistributedSampler, eval_shard
+
+from ...helpers import cpu_env
+
+
+def epoch_keys(size: int, world_size: int, batch_size: int, epoch: int, start: int = 0, seed: int = 7) -> list[list]:
+    """Each rank's keys for one epoch."""
+    result = []
+    for rank in range(world_size):
+        sampler = ResumableDistributedSampler(size, cpu_env(rank, world_size), batch_size, seed=seed)
+        sampler.set_epoch(epoch)
+        sampler.set_start(start)
+        keys = list(sampler)
+        assert len(keys) == len(sampler)
+        result.append(keys)
+    return result
+
+
+def real_indices(per_rank: list[list]) -> list[int]:
+    return [index for keys in per_rank for index, _, weight in keys if weight > 0]
+
+
+def test_set_epoch_changes_the_order() -> None:
+    first, second = epoch_keys(100, 1, 10, epoch=0)[0], epoch_keys(100, 1, 10, epoch=1)[0]
+    assert [k[0] for k in first] != [k[0] for k in second]
+    assert sorted(k[0] for k in first) == sorted(k[0] for k in second) == list(range(100))
+    assert {key[1] for key in first} == {0} and {key[1] for key in second} == {1}, "each key names its epoch"
+
+
+def test_the_order_is_a_function_of_the_seed_and_the_epoch_and_nothing_else() -> None:
+    def order(seed: int, epoch: int) -> list[int]:
+        return [index for index, _, _ in epoch_keys(50, 1, 5, epoch=epoch, seed=seed)[0]]
+
+    assert order(3, 2) == order(3, 2)
+    assert order(3, 2) != order(4, 2), "another seed, another order"
+    assert order(0, 1) != order(1, 0), "seed and epoch are mixed, not added"
+
+
+# (10, 4, 2) and (9, 4, 2) end with a global batch of 2 and of 1 sample: ranks left without one get padding.
+@pytest.mark.parametrize(
+    ("size", "world_size", "batch_size"), [(100, 2, 10), (101, 3, 8), (13, 4, 4), (5, 4, 8), (10, 4, 2), (9, 4, 2)]
+)
+def test_ranks_see_disjoint_samples_covering_the_epoch_once(size, world_size, batch_size) -> None:
+    per_rank = epoch_keys(size, world_size, batch_size, epoch=3)
+    seen = real_indices(per_rank)
+    assert sorted(seen) == list(range(size)), "every sample exactly once, no padding repeats"
+    steps = {len(DataLoader(keys, batch_size=batch_size)) for keys in per_rank}
+    assert len(steps) == 1, "every rank must take the same number of steps"
+    padding = [key for keys in per_rank for key in keys if key[2] == 0.0]
+    last_global_batch = size % (world_size * batch_size) or world_size * batch_size
+    assert len(padding) == max(0, world_size - last_global_batch), "one padding key per rank left without a sample"
+    assert all(key[2] in (0.0, 1.0) for keys in per_rank for key in keys)
+
+
+def test_real_samples_in_a_step_count_the_short_last_global_batch() -> None:
+    sampler = ResumableDistributedSampler(50, cpu_env(0, 2), 8, seed=0)  # global batches of 16
+    assert [sampler.real_samples_in_step(done, 1) for done in (0, 32, 48)] == [16, 16, 2]
+    assert sampler.real_samples_in_step(16, 3) == 34, "three global batches, the last one short"
+
+
+def test_order_is_independent_of_world_size() -> None:
+    def global_order(world_size: int) -> list[int]:
+        per_rank = epoch_keys(64, world_size, 8, epoch=2)
+        steps = len(per_rank[0]) // 8
+        return [i for step in range(steps) for keys in per_rank for i, _, _ in keys[step * 8 : (step + 1) * 8]]
+
+    assert global_order(1) == global_order(2) == global_order(4)
+
+
+def test_resume_mid_epoch_on_another_world_size_sees_the_rest_once() -> None:
+    size, batch_size = 103, 8
+    first_three_steps = [keys[: 3 * batch_size] for keys in epoch_keys(size, 2, batch_size, epoch=1)]
+    done = real_indices(first_three_steps)
+    rest = real_indices(epoch_keys(size, 3, batch_size, epoch=1, start=len(done)))
+    assert sorted(done + rest) == list(range(size))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
+def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
+    shards = [list(eval_shard(999, rank, world_size)) for rank in range(world_size)]
+    assert sum(shards, []) == list(range(999))
+
+
+class Sharded:
+    """What a sharded set (datasets/shards.py) shows the sampler: samples per shard and the window."""
+
+    def __init__(self, shard_sizes: list[int], shard_window: int) -> None:
+        self.shard_sizes, self.shard_window = shard_sizes, shard_window
+
+    def __len__(self) -> int:
+        return sum(self.shard_sizes)
+
+
+SHARD_SIZES = [10, 10, 7, 10, 10, 10, 3, 10, 10, 10, 10, 10]  # 110 samples, two short shards
+
+
+def sharded_keys(world_size: int, epoch: int, seed: int = 7, window: int = 3, start: int = 0) -> list[list]:
+    result = []
+    for rank in range(world_size):
+        sampler = ResumableDistributedSampler.for_dataset(Sharded(SHARD_SIZES, window), cpu_env(rank, world_size), 4,
+                                                          seed)  # fmt: skip
+        sampler.set_epoch(epoch)
+        sampler.set_start(start)
+        result.append(list(sampler))
+    return result
+
+
+def test_a_sharded_order_is_one_permutation_of_seed_and_epoch_at_any_world_size() -> None:
+    def order(seed: int, epoch: int, world_size: int = 1) -> list[int]:
+        per_rank = sharded_keys(world_size, epoch, seed)
+        steps = range(0, len(per_rank[0]), 4)
+        return [i for step in steps for keys in per_rank for i, _, weight in keys[step : step + 4] if weight > 0]
+
+    assert sorted(order(3, 2)) == list(range(110))
+    assert order(3, 2) == order(3, 2, world_size=2) == order(3, 2, world_size=5)
+    assert order(3, 2) != order(3, 1) and order(3, 2) != order(4, 2)
+    assert order(3, 2) != ResumableDistributedSampler(110, cpu_env(0, 1), 4, seed=3).epoch_order().tolist()
+    plain = ResumableDistributedSampler.for_dataset(range(110), cpu_env(0, 1), 4, seed=3)
+    assert plain.epoch_order().tolist() == ResumableDistributedSampler(110, cpu_env(0, 1), 4, 3).epoch_order().tolist()
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_a_sharded_order_keeps_each_ranks_reads_within_a_window_of_shards(world_size: int) -> None:
+    window = 3
+    shard_of = [shard for shard, size in enumerate(SHARD_SIZES) for _ in range(size)]
+    sampler = ResumableDistributedSampler.for_dataset(Sharded(SHARD_SIZES, window), cpu_env(0, 1), 4, seed=7)
+    sampler.set_epoch(1)
+    order = sampler.epoch_order().tolist()
+    shard_sequence = list(dict.fromkeys(shard_of[i] for i in order))
+    assert len({shard_of[i] for i in order[:10]}) > 1, "a window's samples are mixed, not read shard by shard"
+    window_of = {shard: position // window for position, shard in enumerate(shard_sequence)}
+    assert sorted(shard_sequence) == list(range(len(SHARD_SIZES))), "every shard read, one window after the other"
+    for keys in sharded_keys(world_size, epoch=1, window=window):
+        windows = [window_of[shard_of[index]] for index, _, _ in keys]
+        assert windows == sorted(windows), "a rank never goes back to an earlier window"
+    real = [i for keys in sharded_keys(world_size, epoch=1) for i, _, weight in keys if weight > 0]
+    assert sorted(real) == list(range(110)), "disjoint ranks, every sample once"
+
+
+def test_a_sharded_order_resumes_mid_epoch_on_another_world_size() -> None:
+    done = [i for keys in sharded_keys(2, epoch=4) for i, _, weight in keys[:12] if weight > 0]
+    rest = [i for keys in sharded_keys(3, epoch=4, start=len(done)) for i, _, weight in keys if weight > 0]
+    assert sorted(done + rest) == list(range(110))
+
+
+def test_shards_that_do_not_add_up_to_the_set_are_refused() -> None:
+    with pytest.raises(ValueError, match="the set has 100"):
+        ResumableDistributedSampler(100, cpu_env(0, 1), 4, seed=0, shard_sizes=[50, 49])

@@ -1,0 +1,118 @@
+"""What a launch checks before any work, so that a mistake fails once, with one line, not in every
+worker and every restart: the config, the backend for this many processes and GPUs, what the strategy
+and the sinks need, the model, data sets, optimizer and task (built, and one batch run through them),
+room on disk for checkpoints, the checkpoint the run dir would resume from, and room in memory for
+this node's processes. Nothing is written.
+
+A worker runs them as it starts, before the process group forms (engine/assembly/entry.py): under the
+launcher only each node's local rank 0, whose failure the launcher says in one line and stops the
+job on; without it, every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch.utils.data import default_collate
+
+from ...common.capacity import available_memory, check_processes_fit, peak_rss
+from ...common.errors import ConfigError, JobError, first_line
+from ...common.placement import BackendChoice, DistEnv
+from ...common.run_dir import OUTPUT_ROOT
+from ...config import TrainConfig, to_plain_dict
+from ...datasets.collate import model_forward
+from ...datasets.randomness import building_sample
+from ...observe.sinks import check_sinks
+from ..checkpoint.files import local_folder
+from ..checkpoint.manager import check_resume
+from ..checkpoint.writer import Checkpointer
+from ..data.loader import build_collate, check_datasets
+from ..strategies import build_strategy
+from .components import build_datasets, build_model, build_optimizer, build_task, describe
+
+
+def check_launch(config: TrainConfig, run_dir: Path | None, env: DistEnv, choice: BackendChoice) -> torch.nn.Module:
+    """Every check above, for a job of `env`'s shape on this node's devices; the model, as built."""
+    build_strategy(config, env).check(choice.use_cuda)
+    check_sinks(config.log)
+    model = check_components(config)
+    check_memory(env, choice.use_cuda, weight_bytes(model))
+    check_room_for_checkpoints(run_dir if run_dir is not None else Path(OUTPUT_ROOT), model)
+    folder = local_folder(run_dir if run_dir is not None else Path(OUTPUT_ROOT) / "(new run)", config.checkpoint)
+    checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False, fetches=True)
+    checkpoints.check_owner(run_dir)  # checkpoint.dir: another run's is refused (writer.py)
+    checkpoints.refuse_to_overwrite()
+    check_resume(checkpoints.find_resume_payload(), to_plain_dict(config), config.trainer.epochs)
+    return model
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+
+
+def check_memory(env: DistEnv, on_gpus: bool, weights: int) -> None:
+    """This node's processes must fit in its memory: each about what building the model and running a
+    batch took this one, with gradients and up to two optimizer states more."""
+    per_process = peak_rss() + 3 * weights
+    measured = "the first worker's model and batch took"
+    if refusal := check_processes_fit(env.local_world_size, per_process, on_gpus, available_memory(), measured):
+        raise ConfigError(refusal)
+
+
+def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
+    """The run dir must be writable, with room for a checkpoint and the one being written: the
+    weights and up to two optimizer states each (Adam's), twice."""
+    existing = next(folder for folder in (run_dir, *run_dir.resolve().parents) if folder.exists())
+    if not os.access(existing, os.W_OK):
+        raise ConfigError(f"{existing} is not writable, and the run dir {run_dir} must be: give another RUN_DIR")
+    need = 2 * 3 * weight_bytes(model)
+    free = shutil.disk_usage(existing).free
+    if free < need:
+        raise ConfigError(
+            f"{existing} has {free / 2**20:.0f} MiB free, and checkpoints of this model need about "
+            f"{need / 2**20:.0f} MiB: free some space or give a RUN_DIR on another disk"
+        )
+
+
+def check_components(config: TrainConfig) -> torch.nn.Module:
+    """Build everything once, before any process starts, and run one small batch through the
+    model and the task: a mistake in any of them becomes one line here, not a failure per rank."""
+    train, val = build_datasets(config.data.dataset)
+    check_datasets(config.data, (train, val))
+    model = build_model(config.model)
+    build_optimizer(config.optim, model)
+    task = build_task(config.task)
+    collate = build_collate(config.data)
+    try:
+        items = []
+        for index in (0, len(train) - 1):
+            with building_sample(0, 0, index):
+                items.append(train[index])
+            if not (isinstance(items[-1], tuple | list) and len(items[-1]) == 2):
+                raise TypeError(f"item {index} is {describe(items[-1])}")
+        inputs, targets = default_collate(items) if collate is None else collate.pairs(items)
+    except JobError as error:  # the user's data.collate failed: its own line
+        raise ConfigError(str(error)) from None
+    except Exception as error:
+        raise ConfigError(
+            f"data.dataset: cannot batch its items ({first_line(error)}): items must be (input, target) "
+            "pairs whose tensors stack, or give data.collate (docs/configuration.md)"
+        ) from None
+    try:
+        with torch.no_grad():
+            model.eval()
+            loss = task.loss(model_forward(model, inputs), targets)
+    except Exception as error:
+        raise ConfigError(
+            f"model, data and task do not fit together: one batch fails with {first_line(error)}; "
+            "check model=, data= and task= (and data.num_classes)"
+        ) from None
+    if not (isinstance(loss, torch.Tensor) and loss.shape == (len(items),)):
+        raise ConfigError(
+            f"task._target_={config.task['_target_']}: loss() must return one value per sample, "
+            f"shape ({len(items)},), got {tuple(getattr(loss, 'shape', ()))}"
+        )
+    return model

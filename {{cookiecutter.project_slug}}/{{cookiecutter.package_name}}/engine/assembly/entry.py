@@ -1,0 +1,200 @@
+"""What train.py, eval.py and predict.py hand their config to: checks, process group, logging, errors.
+
+User mistakes (ConfigError) end as one line (exit code 2, no traceback) before any process group
+exists; under the launcher they reach it through its control dir, and it stops the job and says
+them once. Errors no restart can fix (JobError) stop the job once too. Any other exception
+propagates, after the process group is destroyed, so torchrun sees the failed worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from ...common.errors import USER_ERROR_EXIT, ConfigError, JobError, Preempted, fail
+from ...common.placement import DistEnv
+from ...common.processes import die_with_parent
+from ...common.run_dir import (
+    CONTROL_DIR_ENV,
+    FAILED_MARKER,
+    REFUSED,
+    register_resolvers,
+    write_hydra_record,
+    write_marker,
+)
+from ...common.storage import local_path
+from ...config import TrainConfig, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
+from ...observe.hangs import keep_ddp_working_on_gloo
+from ...observe.logs import setup_logging
+from ..checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
+from ..checkpoint.trust import check_trusted
+from ..checkpoint.weights import has_ema, load_weights
+from ..data.loader import build_data
+from ..distributed.process_group import distributed, process_env, tell_the_other_nodes
+from ..evaluate import evaluate
+from ..strategies import strategy_class
+from .build import build_trainer
+from .checks import check_components, check_launch
+from .compatibility import check_same_config_everywhere
+from .components import build_model, build_task
+
+log = logging.getLogger(__name__)
+
+
+def accept_legacy_local_rank(argv: list[str]) -> None:
+    """Drop the `--local-rank=N` / `--local_rank N` that torch.distributed.launch appends.
+
+    Hydra's parser rejects it; torchrun already puts the same number in LOCAL_RANK.
+    """
+    kept: list[str] = []
+    args = iter(argv[1:])
+    for arg in args:
+        name, has_value, value = arg.partition("=")
+        if name in ("--local-rank", "--local_rank"):
+            os.environ.setdefault("LOCAL_RANK", value if has_value else next(args, "0"))
+            continue
+        kept.append(arg)
+    argv[1:] = kept
+
+
+def prepare(argv: list[str]) -> None:
+    """What train.py, eval.py and predict.py do before Hydra parses the command line."""
+    accept_legacy_local_rank(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker: it dies with its torchrun agent
+        die_with_parent()
+        if os.getppid() == 1:  # the agent is already gone
+            sys.exit(1)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and ("-m" in argv or "--multirun" in argv):
+        fail("-m under torchrun would make every rank run the whole sweep: use bash scripts/run_single.sh -m ...")
+    register_configs()
+    register_resolvers()
+
+
+def reporting_user_errors(body: Callable[[], None]) -> None:
+    try:
+        body()
+    except ConfigError as error:
+        refuse(error)
+    except Preempted as stop:
+        log.warning("%s; launch again with the same run dir to continue", stop)
+        sys.exit(stop.exit_code)
+    except JobError as error:
+        stop_job(error)
+
+
+def refuse(error: ConfigError, tell: bool = True) -> NoReturn:
+    """A user's mistake: under the launcher, its one line to the launcher (which stops the job and
+    says it once, exit code 2), and to the other nodes unless it came from one (`tell`); else said here."""
+    said = f"{error}\n{USER_ERROR_EXIT}\n{REFUSED}\n"
+    if os.environ.get(CONTROL_DIR_ENV) and tell:
+        tell_the_other_nodes(str(error))
+    if os.environ.get(CONTROL_DIR_ENV) and write_marker(None, FAILED_MARKER, said):
+        logging.shutdown()
+        os._exit(0)  # no restart: torchrun sees a worker that ended well, the launcher stops the others
+    fail(str(error))
+
+
+def stop_job(error: JobError) -> NoReturn:
+    """An error no restart can fix: the traceback to this rank's log file, the one line and the exit
+    code to FAILED_MARKER for the launcher (which stops the whole job and prints it), and exit 0 so
+    that torchrun does not restart the workers."""
+    message = str(error).strip().splitlines()[-1]
+    message = message.split("JobError: ", 1)[-1]  # raised in a DataLoader worker: its last line is ours
+    log.error("stopping: %s", message, exc_info=error, extra={"file_only": True})
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if not write_marker(run_dir, FAILED_MARKER, f"{message}\n{error.exit_code}\n"):
+        print(f"error: {message}", file=sys.stderr, flush=True)  # no launcher to tell: say it here
+        sys.exit(error.exit_code)
+    logging.shutdown()
+    os._exit(0)
+
+
+def run_train(cfg: DictConfig) -> None:
+    """Train with the composed config (train.py's whole job)."""
+
+    def body() -> None:
+        config = to_train_config(cfg)
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        rank, local_rank, world_size, local_world_size, choice = process_env(config.dist)  # a backend that cannot work
+        if local_rank == 0 or not os.environ.get(CONTROL_DIR_ENV):  # under the launcher: once a node
+            stand_in = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, None)  # type: ignore[arg-type]
+            check_launch(config, run_dir, stand_in, choice)
+        keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
+        group_of_one = strategy_class(config.strategy).needs_group_of_one
+        on_refused = (lambda line: refuse(ConfigError(line), tell=False)) if os.environ.get(CONTROL_DIR_ENV) else None
+        with distributed(config.dist, group_of_one, on_refused) as env:
+            setup_logging(run_dir, env, config.log.all_ranks_console)
+            log.info("run dir: %s", run_dir)
+            check_same_config_everywhere(to_plain_dict(config), env)
+            if env.is_main:
+                write_hydra_record(run_dir, cfg, HydraConfig.get())
+            result = build_trainer(config, env, run_dir).fit()
+            log.info("final: %s", result.line())
+
+    reporting_user_errors(body)
+
+
+def checkpoint_config(
+    cfg: DictConfig, config_name: str, components: bool = True
+) -> tuple[Path, dict[str, Any], TrainConfig]:
+    """What eval.py, predict.py and generate.py start from: the checkpoint `ckpt_path` names (`best`:
+    keep_best's), its saved config checked by the trust rule before anything is built, then composed with
+    the user's overrides on the command's own yaml (`config_name`) and, with `components`, checked whole
+    (generate reads no data set)."""
+    if OmegaConf.is_missing(cfg, "ckpt_path"):
+        raise ConfigError("ckpt_path is required: give ckpt_path=<run>/checkpoints/step_<N>.pt (or step_<N>/, best)")
+    path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
+    if path.name == "best":  # checkpoint.keep_best's best one
+        path = best_checkpoint(path)
+    if not path.exists():
+        raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt (or step_<N>/) of a run")
+    try:
+        payload = load_checkpoint(path)
+    except NotACheckpoint as error:
+        raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
+    saved = payload.get("config", {})
+    overrides = list(HydraConfig.get().overrides.task)
+    given = {item.split("=", 1)[0].lstrip("+~") for item in overrides}  # a group given whole is not saved's
+    used = {section: value for section, value in saved.items() if section not in given}
+    check_trusted(used, bool(cfg.get("trust_checkpoint")), "trust_checkpoint=true")  # the user's, not saved's
+    config = to_train_config(compose_for_checkpoint(saved, overrides, config_name))
+    if components:
+        check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
+    return path, payload, config
+
+
+def checkpoint_model(path: Path, payload: dict[str, Any], config: TrainConfig, device: torch.device) -> nn.Module:
+    """The checkpoint's model on `device`, with its weights (the EMA's where the run kept one, as its
+    validation scored), whatever strategy wrote them: every rank reads the whole weights."""
+    model = build_model(config.model)
+    load_weights(path, model, payload)
+    if has_ema(path, payload):
+        log.info("evaluating the EMA of the weights (trainer.ema), as the run's validation did")
+    return model.to(device)
+
+
+def run_eval(cfg: DictConfig) -> None:
+    """Evaluate `ckpt_path` exactly, on any number of processes; print the figures on rank 0."""
+
+    def body() -> None:
+        path, payload, config = checkpoint_config(cfg, "eval")
+        process_env(config.dist)
+        with distributed(config.dist) as env:
+            setup_logging(None, env, config.log.all_ranks_console)
+            model = checkpoint_model(path, payload, config, env.device)
+            data = build_data(config.data, env, config.seed)
+            result = evaluate(model, data.val_loader, build_task(config.task), env.device)
+            log.info("evaluated %s (step %d) on %d processes", path, payload["step"], env.world_size)
+            if env.is_main:
+                print(result.line(), flush=True)
+
+    reporting_user_errors(body)

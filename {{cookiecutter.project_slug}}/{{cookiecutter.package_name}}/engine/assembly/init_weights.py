@@ -1,0 +1,145 @@
+"""model.init_from: a new run starts from weights (fine-tuning), not from a random initialisation.
+
+The file is another run's checkpoint (`step_<N>.pt`, or a folder of shards `step_<N>/`), an export
+(export.py, `.pt` or `.safetensors`), any safetensors file, or a plain state_dict such as
+torchvision's (`{"state_dict": ...}` and DDP's `module.` prefix are unwrapped). Weights only: the
+optimizer, the schedule and the data position start afresh. Rank 0 reads it and the others receive
+it through the process group (no shared file system needed), before the strategy spreads the model.
+A tensor whose shape differs (a new head) keeps its fresh initialisation; those, and the names on
+one side only, are said in one line. Once the run has checkpoints of its own it resumes them
+(checkpoint/manager.py), and the weights file is not read.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ...common.errors import ConfigError
+from ...common.placement import DistEnv
+from ...common.storage import local_path
+from ..checkpoint.files import TRAINER_FILE, load_checkpoint
+from ..checkpoint.trust import check_trusted as check_config
+from ..distributed.process_group import broadcast_bytes, is_distributed
+
+log = logging.getLogger(__name__)
+SHOWN = 4  # names per kind in the one line
+
+
+def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
+    """The model weights a file or a folder of shards holds, as whole CPU tensors. A run's checkpoint
+    whose config names code outside the project is refused unless `trust` (checkpoint/trust.py)."""
+    if not path.exists():
+        raise ConfigError(f"model.init_from={path}: no such file or folder; give a weights file or a run's checkpoint")
+    if path.is_dir():
+        from ..checkpoint.sharded import read_whole  # torch.distributed.checkpoint: slow to import
+
+        check_folder_trusted(path / TRAINER_FILE, trust)
+        try:
+            whole = read_whole(path)
+            return with_average(whole["model"], whole.get("ema"), path)
+        except Exception as error:
+            raise ConfigError(f"model.init_from={path}: not a folder of shards that loads ({error})"[:300]) from None
+    try:
+        safetensors = path.suffix == ".safetensors"
+        payload = load_safetensors(path) if safetensors else torch.load(path, "cpu", weights_only=True)
+    except Exception as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+        raise ConfigError(f"model.init_from={path} does not load as tensors and plain values ({first})") from None
+    if isinstance(payload, dict) and isinstance(payload.get("config"), dict):  # a run's checkpoint
+        check_config(payload["config"], trust, "trust_checkpoint=true")
+    if isinstance(payload, dict) and isinstance(payload.get("model"), dict) and payload.get("ema"):
+        payload = {"model": with_average(payload["model"], payload["ema"], path)}
+    for key in ("model", "state_dict"):  # a run's checkpoint; a Lightning-style file
+        if isinstance(payload, dict) and isinstance(payload.get(key), dict):
+            payload = payload[key]
+    if not isinstance(payload, dict) or not any(isinstance(v, torch.Tensor) for v in payload.values()):
+        raise ConfigError(f"model.init_from={path} holds no state_dict (names to tensors): give a weights file")
+    return {unwrapped(name): value for name, value in payload.items() if isinstance(value, torch.Tensor)}
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file (the export's, Hugging Face's): tensors only, nothing to unpickle."""
+    from safetensors.torch import load_file
+
+    return load_file(path, device="cpu")
+
+
+def check_folder_trusted(trainer_file: Path, trust: bool) -> None:
+    """A folder of shards' config (in its trainer.pt) by the rule every checkpoint from elsewhere meets."""
+    if trainer_file.is_file():
+        config = load_checkpoint(trainer_file).get("config")
+        check_config(config if isinstance(config, dict) else {}, trust, "trust_checkpoint=true")
+
+
+def with_average(weights: dict[str, torch.Tensor], average: dict | None, path: Path) -> dict[str, torch.Tensor]:
+    """A run that kept an EMA of its weights (trainer.ema) validated, evaluates and exports the average:
+    its parameters are the ones taken (the buffers stay the model's), and the log says so."""
+    if not average:
+        return weights
+    log.info("model.init_from=%s kept an EMA of its weights (trainer.ema): the average is taken, as its "
+             "validation, eval.py and the export use it", path)  # fmt: skip
+    return {**weights, **average}
+
+
+def unwrapped(name: str) -> str:
+    for prefix in ("module.", "_orig_mod."):  # DDP's wrapper, torch.compile's
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def fit_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> str:
+    """Load what fits into the model; one line saying what was loaded and what was not."""
+    live = model.state_dict()
+    fitting = {name: value for name, value in weights.items() if name in live and live[name].shape == value.shape}
+    reshaped = [f"{name} {list(weights[name].shape)}->{list(live[name].shape)}" for name in live
+                if name in weights and name not in fitting]  # fmt: skip
+    fresh = [name for name in live if name not in weights]
+    unused = [name for name in weights if name not in live]
+    parameters = {name for name, _ in model.named_parameters()}
+    if fitting and not parameters & fitting.keys():  # BatchNorm's counters alone: nothing learnt would load
+        raise ConfigError(
+            f"model.init_from: of its {len(weights)} tensors only buffers fit this model ("
+            f"{', '.join(list(fitting)[:SHOWN])}), no weight: give weights of this model"
+        )
+    if not fitting:
+        raise ConfigError(
+            f"model.init_from: none of its {len(weights)} tensors fits this model (its names: "
+            f"{', '.join(list(weights)[:SHOWN])}): give weights of this model"
+        )
+    model.load_state_dict(fitting, strict=False)
+    parts = [f"{len(fitting)} of {len(live)} tensors loaded"]
+    for label, names in (("skipped, shape differs", reshaped), ("not in the file, initialised afresh", fresh),
+                         ("in the file, not in the model", unused)):  # fmt: skip
+        if names:
+            more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+            parts.append(f"{label}: {', '.join(names[:SHOWN])}{more}")
+    return "; ".join(parts)
+
+
+def initialise_from(model: nn.Module, source: str, env: DistEnv, has_checkpoint: bool, trust: bool = False) -> None:
+    """model.init_from into the plain model on every rank, unless rank 0 sees the run's own checkpoint
+    (then the resume loads everything; a rank without one receives the checkpoint itself). A file that
+    does not load is every rank's ConfigError, not rank 0's alone (the others would wait for it)."""
+    data = b""
+    if env.is_main and not has_checkpoint:
+        try:
+            buffer = io.BytesIO()
+            torch.save(read_weights(Path(local_path(source, "model.init_from")), trust), buffer)
+            data = b"W" + buffer.getvalue()
+        except ConfigError as error:
+            data = b"E" + str(error).encode()
+    if is_distributed():
+        data = broadcast_bytes(data, 0, env.device)
+    if not data:
+        log.info("model.init_from is not read: the run resumes its own checkpoint")
+        return
+    if data[:1] == b"E":
+        raise ConfigError(data[1:].decode())
+    weights = torch.load(io.BytesIO(data[1:]), map_location="cpu", weights_only=True)
+    log.info("initialised from %s: %s", source, fit_weights(model, weights))

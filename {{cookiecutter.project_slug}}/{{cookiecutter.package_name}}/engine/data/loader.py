@@ -1,0 +1,168 @@
+"""The data path: keyed samples and the loaders, for training (DataLoader or on the device) and evaluation.
+
+Every sample is built from its key (seed, epoch, index): the sampler (sampler.py) says which keys
+a rank gets, the training transform (`data.augment`: augment.py's) and a data set's own random
+transforms (datasets/randomness.py) draw from the key. So the batches do not depend on the number
+of processes or DataLoader workers.
+
+Items that do not stack (sequences of different lengths) are batched by the user's `data.collate`
+(KeyedCollate); what the project adds to an item (its weight and index) it batches itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ...augment import augment, augment_batch
+from ...common.errors import ConfigError, JobError, first_line
+from ...common.placement import DistEnv
+from ...config import DataConfig
+from ...datasets import TensorImages
+from ...datasets.collate import Batch
+from ...datasets.images import DeviceBatches
+from ...datasets.randomness import EVAL_EPOCH, building_sample
+from ..assembly.components import build, build_datasets, describe
+from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
+
+log = logging.getLogger(__name__)
+
+
+def describe_item(dataset: Dataset, index: int) -> str:
+    """The file behind an item, where the data set says (torchvision's folder sets do)."""
+    samples = getattr(dataset, "samples", None)
+    try:
+        return f" ({samples[index][0]})" if samples is not None else ""
+    except (IndexError, TypeError, KeyError):
+        return ""
+
+
+class KeyedDataset(Dataset):
+    """Items (input, target, weight, index); training keys are (index, epoch, weight), evaluation
+    keys indices. While the base set builds a sample, its (seed, epoch, index) is the current
+    sample's key (datasets/randomness.py), which the sample's own random draws come from. `transform`
+    (input, seed, epoch, index) -> input: what training samples go through (augment.py's with
+    data.augment), never evaluation's."""
+
+    def __init__(self, base: Dataset, seed: int, transform: Callable[[Any, int, int, int], Any] | None = None) -> None:
+        self.base, self.seed, self.transform = base, seed, transform
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: int | TrainKey) -> Batch:
+        index, epoch, weight = (key, EVAL_EPOCH, 1.0) if isinstance(key, int) else key
+        with building_sample(self.seed, epoch, index):
+            try:
+                item = self.base[index]
+            except Exception as error:  # a corrupt file met mid-epoch: no restart can fix it
+                raise JobError(f"data set item {index}{describe_item(self.base, index)} failed to load "
+                               f"({first_line(error)}): fix or remove it, then launch again") from error  # fmt: skip
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise TypeError(f"data set items must be (input, target) pairs; item {index} is a {type(item).__name__}")
+        inputs, target = item
+        if self.transform is not None and epoch != EVAL_EPOCH:
+            inputs = self.transform(inputs, self.seed, epoch, index)
+        return Batch(inputs, target, weight, index)  # collated into a Batch of tensors
+
+
+class KeyedCollate:
+    """The batches of keyed items with the user's `data.collate`, whose `_target_` is a function
+    called with a list of (input, target) items (the node's other keys as keyword arguments) that
+    returns (inputs, targets) in any structure the model and task take. It sees nothing else: the
+    weights and indices are batched here, as default_collate batches them without a collate."""
+
+    def __init__(self, node: Mapping[str, Any]) -> None:
+        self.target = node["_target_"]
+        self.collate = build({**node, "_partial_": True}, "data.collate")  # the function, its keys bound
+
+    def __call__(self, items: list[Batch]) -> Batch:
+        inputs, targets = self.pairs([(inputs, target) for inputs, target, _, _ in items])
+        weights = torch.tensor([weight for _, _, weight, _ in items], dtype=torch.float64)
+        indices = torch.tensor([index for _, _, _, index in items], dtype=torch.int64)
+        return Batch(inputs, targets, weights, indices)
+
+    def pairs(self, items: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """The user's (inputs, targets) of a list of (input, target) items; a failure is one line."""
+        try:
+            batch = self.collate(items)
+        except Exception as error:
+            raise JobError(
+                f"data.collate._target_={self.target} failed on a batch of {len(items)} items ({first_line(error)}): "
+                "it is called with a list of (input, target) items and returns (inputs, targets)"
+            ) from error
+        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            raise JobError(f"data.collate._target_={self.target} returned {describe(batch)}, not (inputs, targets)")
+        return batch[0], batch[1]
+
+
+def build_collate(config: DataConfig) -> KeyedCollate | None:
+    """The user's `data.collate` over keyed items; None without one (torch's default_collate)."""
+    return KeyedCollate(config.collate) if config.collate is not None else None
+
+
+@dataclass
+class Data:
+    train_loader: DataLoader | DeviceBatches
+    val_loader: DataLoader
+    sampler: ResumableDistributedSampler
+    val_size: int
+    prepared: dict[str, str] | None = None  # the training set's prepared data ({"root", "id"}): tokens, shards
+
+
+def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
+    workers = config.num_workers
+    return {
+        "batch_size": config.batch_size,
+        "num_workers": workers,
+        "pin_memory": env.device.type == "cuda",
+        "persistent_workers": workers > 0,
+        "prefetch_factor": 4 if workers > 0 else None,
+        # A generator of its own: a loader would otherwise draw its workers' base seed from the
+        # global one at every epoch's start, shifting the dropout masks of a resumed run.
+        "generator": torch.Generator().manual_seed(seed),
+        "collate_fn": build_collate(config),
+    }
+
+
+def check_datasets(config: DataConfig, pair: tuple[Dataset, Dataset]) -> None:
+    """Refuse, before any work, what the loader settings cannot do with these sets."""
+    if config.on_device and config.collate is not None:
+        raise ConfigError(
+            "data.on_device=true gathers batches on the device from a set of stacked tensors, which "
+            "data.collate does not batch: set data.on_device=false or drop data.collate"
+        )
+    if config.on_device and not isinstance(pair[0], TensorImages):
+        raise ConfigError(
+            f"data.on_device=true needs a data set held in memory (a TensorImages, as synthetic and cifar10 "
+            f"give), not a {type(pair[0]).__name__}: set data.on_device=false"
+        )
+
+
+def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
+    """The training loader (resumable distributed sampler) and this rank's evaluation loader."""
+    train_base, val_base = build_datasets(config.dataset)
+    check_datasets(config, (train_base, val_base))
+    train_set = KeyedDataset(train_base, seed, augment if config.augment else None)
+    val_set = KeyedDataset(val_base, seed)
+    sampler = ResumableDistributedSampler.for_dataset(train_base, env, config.batch_size, seed)
+    options = loader_options(config, env, seed)
+    shard = torch.utils.data.Subset(val_set, list(eval_shard(len(val_set), env.rank, env.world_size)))
+    if config.on_device:  # check_datasets allows it for in-memory sets (TensorImages) only
+        in_memory: TensorImages = train_base  # type: ignore[assignment]
+        batch_transform = augment_batch if config.augment else None
+        train_loader: DataLoader | DeviceBatches = DeviceBatches(in_memory, sampler, seed, batch_transform, env.device)
+    else:
+        train_loader = DataLoader(train_set, sampler=sampler, **options)
+    return Data(
+        train_loader=train_loader,
+        val_loader=DataLoader(shard, shuffle=False, **options),
+        sampler=sampler,
+        val_size=len(val_set),
+        prepared=getattr(train_base, "prepared", None),
+    )

@@ -1,0 +1,128 @@
+"""Which rank sees which samples: the resumable training sampler and the exact evaluation split.
+
+Determinism is the contract here: an epoch's sample order is a function of (seed, epoch) alone,
+not of the number of processes or DataLoader workers. That is what lets a run resume bit-exactly,
+also on another world size, and lets evaluation give the same figures at any world size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from ...common.placement import DistEnv
+from ...datasets.randomness import MASK64, sample_seed
+
+ORDER_KEY = -(2**40)  # the "index" an epoch's order is drawn from: no sample has it
+
+# A training key names one sample of one epoch; weight 0 marks padding that fills a rank's
+# share of the last, short global batch (it runs through the model but adds no gradient).
+TrainKey = tuple[int, int, float]  # (index, epoch, weight)
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """DistributedSampler whose order ignores the world size and that can start mid-epoch.
+
+    Each epoch's order is a permutation drawn from (seed, epoch) alone. Global batches of
+    world_size * batch_size consecutive samples of that order are split among the ranks; the
+    last, short one is split as evenly as possible, and a rank left with nothing gets one
+    padding key of weight 0. So no sample is dropped or repeated, whatever the world size,
+    and `set_start(n)` resumes after the first n samples of the epoch, also on another world
+    size. Call `set_epoch(epoch)` before every epoch, as with DistributedSampler.
+
+    A set read from shards (`shard_sizes`: samples per shard, in index order) gets a shard-aware
+    order (`shard_order`): still one permutation of (seed, epoch) alone, so all of the above holds.
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        env: DistEnv,
+        batch_size: int,
+        seed: int,
+        shard_sizes: Sequence[int] = (),
+        shard_window: int = 1,
+    ) -> None:
+        super().__init__(range(dataset_size), num_replicas=env.world_size, rank=env.rank, seed=seed)
+        self.dataset_size = dataset_size
+        self.batch_size = batch_size
+        self.start = 0
+        self.shard_sizes, self.shard_window = list(shard_sizes), shard_window
+        if self.shard_sizes and (sum(self.shard_sizes) != dataset_size or shard_window < 1):
+            raise ValueError(f"shards of {sum(self.shard_sizes)} samples in windows of {shard_window}: "
+                             f"the set has {dataset_size}")  # fmt: skip
+
+    @classmethod
+    def for_dataset(cls, dataset: Any, env: DistEnv, batch_size: int, seed: int) -> ResumableDistributedSampler:
+        """The sampler of `dataset`: shard-aware where the set says it has shards (datasets/shards.py)."""
+        shards = getattr(dataset, "shard_sizes", ())
+        return cls(len(dataset), env, batch_size, seed, shards, getattr(dataset, "shard_window", 1))
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.num_replicas * self.batch_size
+
+    def set_start(self, samples_done: int) -> None:
+        """Skip the first `samples_done` samples of the epoch's order (those already trained on)."""
+        self.start = samples_done
+
+    def epoch_order(self) -> torch.Tensor:
+        """This epoch's permutation of the set, drawn from (seed, epoch) well mixed: seed s in epoch
+        e+1 shares no order with seed s+1 in epoch e."""
+        generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, ORDER_KEY) & (MASK64 >> 1))
+        if self.shard_sizes:
+            return shard_order(self.shard_sizes, self.shard_window, generator)
+        return torch.randperm(self.dataset_size, generator=generator)
+
+    def steps_left(self) -> int:
+        return math.ceil((self.dataset_size - self.start) / self.global_batch_size)
+
+    def real_samples_in_step(self, samples_done: int, global_batches: int) -> int:
+        """How many real (non-padding) samples the next `global_batches` global batches hold."""
+        return min(global_batches * self.global_batch_size, self.dataset_size - samples_done)
+
+    def rank_slice(self, chunk_size: int) -> tuple[int, int]:
+        """(offset, length) of this rank's share of a global batch of chunk_size samples."""
+        if chunk_size == self.global_batch_size:
+            return self.rank * self.batch_size, self.batch_size
+        base, extra = divmod(chunk_size, self.num_replicas)
+        return self.rank * base + min(self.rank, extra), base + (1 if self.rank < extra else 0)
+
+    def __iter__(self) -> Iterator[TrainKey]:  # type: ignore[override]
+        order = self.epoch_order()[self.start :].tolist()
+        for begin in range(0, len(order), self.global_batch_size):
+            chunk = order[begin : begin + self.global_batch_size]
+            offset, length = self.rank_slice(len(chunk))
+            if length == 0:
+                yield chunk[0], self.epoch, 0.0
+            for index in chunk[offset : offset + length]:
+                yield index, self.epoch, 1.0
+
+    def __len__(self) -> int:
+        remaining = self.dataset_size - self.start
+        full, last = divmod(remaining, self.global_batch_size)
+        return full * self.batch_size + (max(1, self.rank_slice(last)[1]) if last else 0)
+
+
+def shard_order(shard_sizes: Sequence[int], window: int, generator: torch.Generator) -> torch.Tensor:
+    """A permutation of a sharded set that reads few shards at a time: the shards in a random order,
+    then the samples shuffled within each window of `window` consecutive shards of that order. Shard k
+    holds the indices after those of shards 0..k-1. Every rank's next global batches fall in one or
+    two windows, so a node needs about `window` shards at a time, not all of them."""
+    starts = [0, *itertools.accumulate(shard_sizes)]
+    shards = torch.randperm(len(shard_sizes), generator=generator).tolist()
+    windows = []
+    for begin in range(0, len(shards), window):
+        indices = torch.cat([torch.arange(starts[k], starts[k + 1]) for k in shards[begin : begin + window]])
+        windows.append(indices[torch.randperm(len(indices), generator=generator)])
+    return torch.cat(windows)
+
+
+def eval_shard(size: int, rank: int, world_size: int) -> range:
+    """This rank's contiguous share of the evaluation set: no padding, no sample twice."""
+    return range(size * rank // world_size, size * (rank + 1) // world_size)

@@ -1,0 +1,233 @@
+"""Process group, device and rank helpers.
+
+Every helper answers for a world of one when no process group exists, so the same code runs
+under `python train.py` and under torchrun with N ranks. The backend is chosen from the
+devices in exactly one place (`choose_backend`, common/placement.py); later code asks for `env.device`, never
+for the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from ...common.placement import BackendChoice, DistEnv, choose_backend
+from ...config import DistConfig
+
+log = logging.getLogger(__name__)
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def process_env(config: DistConfig, visible_gpus: int | None = None) -> tuple[int, int, int, int, BackendChoice]:
+    """Read torchrun's variables (a world of one without them) and choose the backend.
+
+    `visible_gpus` stands in for the GPUs torch sees when a launch script checks a launch
+    for GPUs it was told about (GPUS=...) before the job starts.
+    """
+    rank, world_size = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
+    local_rank, local_world_size = env_int("LOCAL_RANK", 0), env_int("LOCAL_WORLD_SIZE", 1)
+    if visible_gpus is None:
+        visible_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    choice = choose_backend(config.backend, visible_gpus, local_world_size, dist.is_mpi_available())
+    return rank, local_rank, world_size, local_world_size, choice
+
+
+def restart_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """A key space of its own for each torchrun restart, when workers share the agent's store.
+
+    torchrun keeps one TCPStore for the whole job and hands it to every generation of
+    workers without a per-restart prefix; a restarted worker can then read the address a
+    dead peer published and fail with gloo's "Connection refused". None: plain env://.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    shared = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", shared)
+
+
+REFUSED_KEY = f"{__package__}.refused"  # a node's refusal, in the workers' store for the other nodes
+
+
+def store_client(seconds: float) -> dist.Store | None:
+    """A client of the workers' store (torchrun's MASTER_ADDR:MASTER_PORT), or None where none answers
+    within `seconds`."""
+    try:
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        timeout = datetime.timedelta(seconds=seconds)
+        return dist.TCPStore(address, port, is_master=False, timeout=timeout, wait_for_workers=False)
+    except (KeyError, ValueError, RuntimeError):  # torch's DistNetworkError is a RuntimeError
+        return None
+
+
+def tell_the_other_nodes(line: str) -> None:
+    """This node refuses the job before it joins the process group: its line in the workers' store, where
+    the other nodes' workers, waiting for it to join, read it (refusals_of_other_nodes). Best effort: a
+    store that does not answer (node 0 refused, or is still checking) leaves it to the launchers."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and env_int("RANK", 0) == 0:
+        return  # the workers' store would be this rank's own (an elastic job's), never started
+    if env_int("GROUP_WORLD_SIZE", 1) > 1 and (store := store_client(5)) is not None:
+        with contextlib.suppress(RuntimeError):
+            store.set(REFUSED_KEY, f"node {env_int('GROUP_RANK', 0)} refused the job: {line}")
+
+
+@contextlib.contextmanager
+def refusals_of_other_nodes(on_refused: Callable[[str], object] | None) -> Iterator[None]:
+    """While this rank waits for every rank to join the process group: another node's refusal, read from
+    the workers' store, is handed to `on_refused` (which ends the process), rather than this rank waiting
+    for a node that will never join until dist.timeout_s. Once the group is formed, every node passed its
+    checks: the watch ends."""
+    if on_refused is None or env_int("GROUP_WORLD_SIZE", 1) <= 1:
+        yield
+        return
+    joined = threading.Event()
+
+    def watch() -> None:
+        store = None
+        while not joined.wait(0.5):
+            store = store or store_client(2)
+            try:
+                if store is not None and store.check([REFUSED_KEY]):
+                    on_refused(store.get(REFUSED_KEY).decode())
+                    return
+            except RuntimeError:  # the store went away: its host's launcher says why
+                store = None
+
+    threading.Thread(target=watch, name="refusals of other nodes", daemon=True).start()
+    try:
+        yield
+    finally:
+        joined.set()
+
+
+@contextlib.contextmanager
+def distributed(
+    config: DistConfig, group_of_one: bool = False, on_refused: Callable[[str], object] | None = None
+) -> Iterator[DistEnv]:
+    """Initialise the process group from torchrun's environment and always destroy it.
+
+    A world of one has no process group unless `group_of_one` (fsdp's device mesh needs one).
+    Exceptions propagate unchanged, so torchrun sees a failed worker and can restart it. On many
+    nodes, `on_refused` gets another node's refusal while this rank waits for the group to form.
+    """
+    rank, local_rank, world_size, local_world_size, choice = process_env(config)
+    if choice.use_cuda:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 or group_of_one:
+        timeout = datetime.timedelta(seconds=config.timeout_s)
+        alone = world_size == 1 and "MASTER_ADDR" not in os.environ  # python train.py: no torchrun store
+        with refusals_of_other_nodes(on_refused):
+            dist.init_process_group(
+                backend=choice.backend,
+                store=dist.HashStore() if alone else restart_store(world_size, timeout),
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+                # Binding the device lets NCCL create its communicator eagerly and skip a guess.
+                device_id=device if choice.backend == "nccl" else None,
+            )
+    env = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, device)
+    try:
+        if choice.shared_gpus and env.is_main:
+            log.warning(
+                "%d local ranks share %d GPU(s): using gloo, since NCCL refuses two ranks on one GPU",
+                local_world_size,
+                torch.cuda.device_count(),
+            )
+        yield env
+    finally:
+        if dist.is_initialized():
+            # DDP models sit in reference cycles: free the unreachable ones while the process group
+            # exists, since a reducer destroyed after it can abort the process at exit.
+            gc.collect()
+            dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over all ranks in place (a no-op for a world of one) and return it."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_int(value: int, device: torch.device) -> list[int]:
+    """Every rank's `value`, in rank order."""
+    if not is_distributed():
+        return [value]
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(get_world_size())]
+    dist.all_gather(gathered, mine)
+    return [int(item.item()) for item in gathered]
+
+
+def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
+    """Every rank's bytes, in rank order (small payloads: generator states, say)."""
+    if not is_distributed():
+        return [data]
+    sizes = all_gather_int(len(data), device)
+    mine = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    if data:  # torch.frombuffer refuses an empty buffer; a rank may have nothing to say
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    gathered = [torch.empty_like(mine) for _ in sizes]
+    dist.all_gather(gathered, mine)
+    return [item[:size].cpu().numpy().tobytes() for item, size in zip(gathered, sizes, strict=True)]
+
+
+def broadcast_bytes(data: bytes | None, src: int, device: torch.device) -> bytes:
+    """Rank `src`'s bytes on every rank (a file, say), through the training backend."""
+    size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src)
+    if get_rank() == src and data:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buffer, src=src)
+    return buffer.cpu().numpy().tobytes()
+
+
+def weights_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
+    """A hash of a model's whole state dict: equal on all ranks when DDP kept them in sync."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+BUFFER_BROADCAST_BYTES = 250 * 2**20  # as DDP coalesces its buffer broadcasts
+
+
+def sync_buffers_from_rank_zero(module: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics drift apart in every step), in one
+    coalesced broadcast: the rule every strategy keeps (DDP's broadcast_buffers, fsdp after each step)."""
+    buffers = [buffer for buffer in module.buffers()]
+    if is_distributed() and buffers:
+        dist._broadcast_coalesced(dist.distributed_c10d._get_default_group(), buffers, BUFFER_BROADCAST_BYTES, 0)
