@@ -31,6 +31,7 @@ from {{cookiecutter.package_name}}.config import CheckpointConfig, DataConfig, r
 from {{cookiecutter.package_name}}.datasets import pad_sequences
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
+from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.launch.keys import parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan, worker_environment
@@ -338,3 +339,28 @@ def record_fsyncs() -> list[str]:
 
     os.fsync = fsync  # type: ignore[assignment]
     return synced
+
+
+def train_stop_resume(
+    env: DistEnv, run_dir: Path, overrides: list[str], extra: Callable[[Trainer], object] | None = None
+) -> dict:
+    """One epoch of 6 steps with a checkpoint at step 4, then a second trainer (a restarted job)
+    that resumes from it and trains steps 5 and 6 (for on_ranks): both ends' weights (rank 0's), this
+    rank's buffers and step, and `extra` of each trainer (a module-level function) where given."""
+    config = to_train_config(compose_config([*TINY, "data.train_size=96", "data.batch_size=8",
+                                             "checkpoint.every_n_steps=4", *overrides]))  # fmt: skip
+    ends = {}
+    for name in ("uninterrupted", "resumed"):
+        trained = build_trainer(config, env, run_dir)
+        stop = StopOnSigterm()
+        try:
+            trained.train_epoch(stop)
+        finally:
+            stop.close()
+        trained.checkpoints.wait()
+        ends[name] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}  # rank 0's
+        ends[f"{name}_step"] = trained.state.step
+        ends[f"{name}_buffers"] = {key: buffer.clone() for key, buffer in trained.model.named_buffers()}
+        if extra is not None:
+            ends[f"{name}_extra"] = extra(trained)
+    return ends

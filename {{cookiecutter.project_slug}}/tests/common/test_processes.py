@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 PACKAGE = "{{cookiecutter.package_name}}"
 
 

@@ -13,10 +13,9 @@ import torch
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
-from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
+from {{cookiecutter.package_name}}.engine.trainer import Trainer
 
-from ..helpers import TINY, assert_same, compose_config, on_ranks, trainer
+from ..helpers import TINY, assert_same, compose_config, on_ranks, train_stop_resume, trainer
 
 HERE = __name__  # tests.engine.test_callbacks: the callbacks below, named by _target_
 
@@ -107,34 +106,19 @@ def test_a_callback_that_raises_stops_the_run_with_one_line_naming_it(tmp_path: 
     assert run.state.step == 2
 
 
-def train_stop_resume(env: DistEnv, run_dir: Path, strategy: str) -> dict:
-    """6 steps with a checkpoint at step 4; then a restarted job resumes from it and trains steps 5 and 6
-    (as tests/engine/test_trainer.py's resume): each run's callback state at its end, on this rank."""
-    overrides = [*TINY, "data.train_size=96", "data.batch_size=8", "checkpoint.every_n_steps=4", f"strategy={strategy}",
-                 f"+callbacks.mean._target_={HERE}.NoisyMean", "+callbacks.mean.seed=7"]  # fmt: skip
-    config = to_train_config(compose_config(overrides))
-    ends = {}
-    for name in ("uninterrupted", "resumed"):
-        trained = build_trainer(config, env, run_dir)
-        stop = StopOnSigterm()
-        try:
-            trained.train_epoch(stop)
-        finally:
-            stop.close()
-        trained.checkpoints.wait()
-        ends[name] = trained.callbacks.named["mean"].state_dict()
-        ends[f"{name}_step"] = trained.state.step
-    return ends
+def mean_state(trained: Trainer) -> dict:
+    return trained.callbacks.named["mean"].state_dict()
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_callbacks_own_state_resumes_bit_exactly_on_each_of_two_ranks(tmp_path: Path, strategy: str) -> None:
-    ranks = on_ranks(2, train_stop_resume, tmp_path, strategy)
+    callback = [f"strategy={strategy}", f"+callbacks.mean._target_={HERE}.NoisyMean", "+callbacks.mean.seed=7"]
+    ranks = on_ranks(2, train_stop_resume, tmp_path, callback, mean_state)
     for rank, ends in enumerate(ranks):
         assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
-        assert ends["resumed"]["count"] == 6
-        assert_same(ends["resumed"], ends["uninterrupted"], f"rank {rank}'s callback state")
-    assert not torch.equal(ranks[0]["resumed"]["mean"], ranks[1]["resumed"]["mean"]), "each rank its own"
+        assert ends["resumed_extra"]["count"] == 6
+        assert_same(ends["resumed_extra"], ends["uninterrupted_extra"], f"rank {rank}'s callback state")
+    assert not torch.equal(ranks[0]["resumed_extra"]["mean"], ranks[1]["resumed_extra"]["mean"]), "each rank its own"
 
 
 def test_a_callbacks_figures_reach_metrics_jsonl(tmp_path: Path) -> None:

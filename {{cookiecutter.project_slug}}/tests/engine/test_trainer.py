@@ -23,7 +23,7 @@ from {{cookiecutter.package_name}}.engine.strategies import Strategy
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner, optimizer_steps
 from {{cookiecutter.package_name}}.tasks import Classification
 
-from ..helpers import CPU, TINY, assert_same, compose_config, on_ranks, trainer
+from ..helpers import CPU, assert_same, compose_config, on_ranks, train_stop_resume, trainer
 
 
 def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:
@@ -71,26 +71,6 @@ def test_compile_wraps_the_model_that_trains_and_leaves_the_checkpointed_one_pla
     assert compiled.runner.trained._orig_mod is compiled.model
     assert not isinstance(plain.runner.trained, OptimizedModule)
     assert not any(key.startswith("_orig_mod.") for key in compiled.checkpoints.state_dict()["model"])
-
-
-def train_stop_resume(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict:
-    """One epoch of 6 steps with a checkpoint at step 4, then a second trainer (a restarted job)
-    that resumes from it and trains steps 5 and 6: both ends, and every rank's buffers after step 6."""
-    config = to_train_config(compose_config([*TINY, "data.train_size=96", "data.batch_size=8",
-                                             "checkpoint.every_n_steps=4", *overrides]))  # fmt: skip
-    ends = {}
-    for name in ("uninterrupted", "resumed"):
-        trained = build_trainer(config, env, run_dir)
-        stop = StopOnSigterm()
-        try:
-            trained.train_epoch(stop)
-        finally:
-            stop.close()
-        trained.checkpoints.wait()
-        ends[name] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}  # rank 0's
-        ends[f"{name}_step"] = trained.state.step
-        ends[f"{name}_buffers"] = {key: buffer.clone() for key, buffer in trained.model.named_buffers()}
-    return ends
 
 
 @pytest.mark.slow  # 25M parameters: 15-35 s on 2 cores
