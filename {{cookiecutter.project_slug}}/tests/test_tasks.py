@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from {{cookiecutter.package_name}}.tasks import Classification, LanguageModel, Task
+from {{cookiecutter.package_name}}.models import MixtureOfExperts
+from {{cookiecutter.package_name}}.tasks import Classification, ClassificationWithAux, LanguageModel, Task
 
 
 def logits_and_labels(batch: int = 6, classes: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,3 +97,20 @@ def test_each_tasks_predictions_are_its_logits_their_softmax_or_their_argmax_ove
         assert torch.equal(task.predict(outputs, argmax), outputs.argmax(dim=-1))
     half = Classification().predict(logits.half(), "probs")
     assert half.dtype == torch.float32 and torch.allclose(half.sum(dim=1), torch.ones(6))
+
+
+def test_a_models_auxiliary_term_is_added_to_the_loss_weighted_by_the_samples() -> None:
+    torch.manual_seed(0)
+    model = MixtureOfExperts(in_features=8, num_classes=3, experts=4)
+    inputs, labels = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    logits, aux = model(inputs)
+    assert logits.shape == (5, 3) and aux.shape == ()
+    assert 1.0 <= aux.item() <= 4.0, "1 where every expert is used alike, 4 where one takes all"
+    total, count = ClassificationWithAux(aux_weight=0.5).loss((logits, aux), labels)
+    assert count == 5
+    torch.testing.assert_close(total / count, F.cross_entropy(logits, labels) + 0.5 * aux)
+    metrics = ClassificationWithAux().metrics((logits, aux), labels)
+    assert list(metrics) == ["loss", "acc", "aux"]
+    torch.testing.assert_close(metrics["loss"], F.cross_entropy(logits, labels, reduction="none"))
+    assert metrics["aux"][1] == 5 and torch.isclose(metrics["aux"][0] / 5, aux.double())
+    assert torch.equal(ClassificationWithAux().predict((logits, aux), "class"), logits.argmax(dim=1))

@@ -259,7 +259,8 @@ class ClassificationWithAux(Classification):
 
     def metrics(self, outputs: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor) -> dict[str, Any]:  # type: ignore[override]
         logits, aux = outputs
-        return {**super().metrics(logits, labels), "aux": (aux.double() * len(labels), len(labels))}
+        return {"loss": super().loss(logits, labels), "acc": (logits.argmax(dim=1) == labels).float(),
+                "aux": (aux.double() * len(labels), len(labels))}  # fmt: skip
 
     def predict(self, outputs: tuple[torch.Tensor, torch.Tensor], kind: str) -> torch.Tensor:  # type: ignore[override]
         return super().predict(outputs[0], kind)
