@@ -56,11 +56,13 @@ def test_the_language_model_loss_is_the_next_token_cross_entropy_summed_over_the
     logits, tokens = torch.randn(3, 7, 11, generator=generator), torch.randint(0, 11, (3, 7), generator=generator)
     total, count = LanguageModel().loss(logits, tokens)
     assert total.shape == () and count == 21
-    assert total.item() == pytest.approx(F.cross_entropy(logits.flatten(0, 1), tokens.flatten(), reduction="sum").item())
+    expected = F.cross_entropy(logits.flatten(0, 1), tokens.flatten(), reduction="sum")
+    assert total.item() == pytest.approx(expected.item())
     tokens[2, 3:] = -100  # padding (pad_windows): neither scored nor counted
     total, count = LanguageModel().loss(logits, tokens)
     real = tokens != -100
-    assert count == 17 and total.item() == pytest.approx(F.cross_entropy(logits[real], tokens[real], reduction="sum").item())
+    expected = F.cross_entropy(logits[real], tokens[real], reduction="sum")
+    assert count == 17 and total.item() == pytest.approx(expected.item())
 
 
 def test_the_language_models_bits_per_byte_are_its_loss_in_bits() -> None:

@@ -110,7 +110,9 @@ class LanguageModel:
 
     def metrics(self, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, Any]:
         # Summed in float64: a batch's total must not depend on which windows share the batch (world size).
-        per_token = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten(), reduction="none", ignore_index=IGNORE)
+        per_token = F.cross_entropy(
+            logits.float().flatten(0, 1), tokens.flatten(), reduction="none", ignore_index=IGNORE
+        )
         total, count = per_token.double().sum(), (tokens != IGNORE).sum()
         if self.token_bytes is None:
             return {"loss": (total, count), "bpb": (total / math.log(2), count)}

@@ -139,7 +139,8 @@ class ThreeValues(Classification):
 
 def test_a_loss_is_one_value_per_sample_or_a_total_and_count_pair() -> None:
     def checked(task: str) -> None:
-        check_components(to_train_config(compose_config(["data=synthetic", "model=small_cnn", f"task._target_={task}"])))
+        overrides = ["data=synthetic", "model=small_cnn", f"task._target_={task}"]
+        check_components(to_train_config(compose_config(overrides)))
 
     checked(f"{__name__}.SummedLoss")
     with pytest.raises(ConfigError, match=r"loss\(\) returned a tuple of 3: a pair must be \(total, count\)"):

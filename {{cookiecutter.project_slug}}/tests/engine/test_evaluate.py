@@ -11,13 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.datasets.collate import model_forward
+from {{cookiecutter.package_name}}.config import DataConfig, to_train_config
+from {{cookiecutter.package_name}}.datasets.collate import model_forward, pad_windows
 from {{cookiecutter.package_name}}.engine.build import build_trainer
 from {{cookiecutter.package_name}}.engine.data import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
-from {{cookiecutter.package_name}}.config import DataConfig
-from {{cookiecutter.package_name}}.datasets.collate import pad_windows
 from {{cookiecutter.package_name}}.models import GPT
 from {{cookiecutter.package_name}}.tasks import Classification, LanguageModel
 
@@ -160,7 +158,8 @@ def evaluate_windows(env) -> EvalResult:  # noqa: ANN001
             "collate": {"_target_": f"{pad_windows.__module__}.pad_windows"}}  # fmt: skip
     data = build_data(DataConfig.from_node(node), env, seed=0)
     torch.manual_seed(0)
-    return evaluate(GPT(16, 16, layers=1, heads=2, width=16), data.val_loader, LanguageModel(), env.device, lockstep=True)
+    model = GPT(16, 16, layers=1, heads=2, width=16)
+    return evaluate(model, data.val_loader, LanguageModel(), env.device, lockstep=True)
 
 
 def test_a_token_weighted_metric_is_the_mean_over_every_token_of_the_set_at_any_world_size() -> None:

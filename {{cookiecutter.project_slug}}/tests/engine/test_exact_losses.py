@@ -138,9 +138,9 @@ def test_one_step_of_each_form_of_loss_is_the_plain_gradient_of_the_global_batch
         assert micro_batches(3, 2, 2)[1] == ([0], [0.0])
     ranks = on_ranks(world_size, every_form, accum, timeout=180)
     for (kind, strategy), moved in ranks[0].items():
-        expected = plain_gradient(kind, accum)
+        expected, where = plain_gradient(kind, accum), f"{kind}, {strategy}"
         for got, want in zip(moved, expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{kind}, {strategy}: {m}")
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=lambda m, where=where: f"{where}: {m}")
         for other in ranks[1:]:  # every rank took the same step
             assert all(torch.equal(a, b) for a, b in zip(moved, other[kind, strategy], strict=True))
 
