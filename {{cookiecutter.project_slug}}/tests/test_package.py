@@ -29,7 +29,8 @@ def test_each_exported_name_is_the_real_object() -> None:
 
 
 def test_all_names_exactly_the_exports() -> None:
-    expected = ["Task", "TensorImages", "current_sample", "normalise", "sample_generator", "seeded_by_sample"]
+    expected = ["Task", "TensorImages", "current_sample", "gather_with_grad", "normalise", "sample_generator",
+                "seeded_by_sample"]  # fmt: skip
     assert package.__all__ == expected
 
 

@@ -1,4 +1,5 @@
-"""tasks.py: each task's loss per sample and its metrics, as torch's own cross-entropy gives them."""
+"""tasks.py: each task's loss (per sample, or a (total, count) pair) and its metrics, as torch's own
+cross-entropy gives them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from {{cookiecutter.package_name}}.tasks import Classification, LanguageModel, Task
+from {{cookiecutter.package_name}}.models import MixtureOfExperts
+from {{cookiecutter.package_name}}.tasks import Classification, ClassificationWithAux, LanguageModel, Task
 
 
 def logits_and_labels(batch: int = 6, classes: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,9 +35,10 @@ def test_the_loss_of_half_precision_logits_is_computed_in_float32(dtype: torch.d
         (Classification(), labels, half),
         (LanguageModel(), labels.view(2, 3), half.view(2, 3, 5)),
     ):
-        loss = task.loss(outputs, targets)
+        loss, expected = task.loss(outputs, targets), task.loss(outputs.float(), targets)
+        if isinstance(loss, tuple):  # the language model's (total, count): its total
+            loss, expected = loss[0], expected[0]
         assert loss.dtype == torch.float32
-        expected = task.loss(outputs.float(), targets)
         assert torch.equal(loss, expected)
 
 
@@ -48,13 +51,18 @@ def test_classification_metrics_are_the_loss_and_whether_each_sample_is_right() 
     assert torch.equal(metrics["loss"], F.cross_entropy(logits, labels, reduction="none"))
 
 
-def test_the_language_model_loss_is_each_sequences_mean_next_token_cross_entropy() -> None:
+def test_the_language_model_loss_is_the_next_token_cross_entropy_summed_over_the_real_tokens_and_their_count() -> None:
     generator = torch.Generator().manual_seed(1)
     logits, tokens = torch.randn(3, 7, 11, generator=generator), torch.randint(0, 11, (3, 7), generator=generator)
-    loss = LanguageModel().loss(logits, tokens)
-    assert loss.shape == (3,)
-    for i in range(3):
-        assert loss[i].item() == pytest.approx(F.cross_entropy(logits[i], tokens[i]).item(), rel=1e-6)
+    total, count = LanguageModel().loss(logits, tokens)
+    assert total.shape == () and count == 21
+    expected = F.cross_entropy(logits.flatten(0, 1), tokens.flatten(), reduction="sum")
+    assert total.item() == pytest.approx(expected.item())
+    tokens[2, 3:] = -100  # padding (pad_windows): neither scored nor counted
+    total, count = LanguageModel().loss(logits, tokens)
+    real = tokens != -100
+    expected = F.cross_entropy(logits[real], tokens[real], reduction="sum")
+    assert count == 17 and total.item() == pytest.approx(expected.item())
 
 
 def test_the_language_models_bits_per_byte_are_its_loss_in_bits() -> None:
@@ -62,10 +70,13 @@ def test_the_language_models_bits_per_byte_are_its_loss_in_bits() -> None:
     logits, tokens = torch.randn(4, 5, 256, generator=generator), torch.randint(0, 256, (4, 5), generator=generator)
     metrics = LanguageModel().metrics(logits, tokens)
     assert list(metrics) == ["loss", "bpb"]
-    assert torch.equal(metrics["loss"], LanguageModel().loss(logits, tokens))
-    torch.testing.assert_close(metrics["bpb"], metrics["loss"] / math.log(2), rtol=0, atol=0)
-    uniform = LanguageModel().metrics(torch.zeros(1, 5, 256), tokens[:1])
-    assert uniform["bpb"].item() == pytest.approx(8.0), "a uniform guess over 256 bytes costs 8 bits a byte"
+    total, count = metrics["loss"]
+    torch.testing.assert_close(total.float(), LanguageModel().loss(logits, tokens)[0])
+    assert count == 20
+    torch.testing.assert_close(metrics["bpb"][0], total / math.log(2), rtol=0, atol=0)
+    assert metrics["bpb"][1] == count
+    uniform, count = LanguageModel().metrics(torch.zeros(1, 5, 256), tokens[:1])["bpb"]
+    assert (uniform / count).item() == pytest.approx(8.0), "a uniform guess over 256 bytes costs 8 bits a byte"
 
 
 def test_both_tasks_are_tasks_and_an_object_without_metrics_is_not() -> None:
@@ -88,3 +99,20 @@ def test_each_tasks_predictions_are_its_logits_their_softmax_or_their_argmax_ove
         assert torch.equal(task.predict(outputs, argmax), outputs.argmax(dim=-1))
     half = Classification().predict(logits.half(), "probs")
     assert half.dtype == torch.float32 and torch.allclose(half.sum(dim=1), torch.ones(6))
+
+
+def test_a_models_auxiliary_term_is_added_to_the_loss_weighted_by_the_samples() -> None:
+    torch.manual_seed(0)
+    model = MixtureOfExperts(in_features=8, num_classes=3, experts=4)
+    inputs, labels = torch.randn(5, 8), torch.tensor([0, 1, 2, 0, 1])
+    logits, aux = model(inputs)
+    assert logits.shape == (5, 3) and aux.shape == ()
+    assert 1.0 <= aux.item() <= 4.0, "1 where every expert is used alike, 4 where one takes all"
+    total, count = ClassificationWithAux(aux_weight=0.5).loss((logits, aux), labels)
+    assert count == 5
+    torch.testing.assert_close(total / count, F.cross_entropy(logits, labels) + 0.5 * aux)
+    metrics = ClassificationWithAux().metrics((logits, aux), labels)
+    assert list(metrics) == ["loss", "acc", "aux"]
+    torch.testing.assert_close(metrics["loss"], F.cross_entropy(logits, labels, reduction="none"))
+    assert metrics["aux"][1] == 5 and torch.isclose(metrics["aux"][0] / 5, aux.double())
+    assert torch.equal(ClassificationWithAux().predict((logits, aux), "class"), logits.argmax(dim=1))

@@ -102,5 +102,28 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
+class MixtureOfExperts(nn.Module):
+    """An example of a model that returns (logits, aux): a classifier of flattened inputs through `experts`
+    MLPs mixed by a softmax gate, and the gate's load-balance term (1 where every expert is used
+    equally, up to `experts` where one takes everything: experts times the sum of the squared mean
+    gate weights), which tasks.ClassificationWithAux adds to the loss."""
+
+    def __init__(self, in_features: int, num_classes: int, experts: int = 4, width: int = 64) -> None:
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.gate = nn.Linear(in_features, experts)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, width)) for _ in range(experts)
+        )
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.flatten(x)
+        gates = self.gate(x).softmax(dim=-1)  # (batch, experts)
+        mixed = sum(gates[:, i, None] * expert(x) for i, expert in enumerate(self.experts))
+        balance = len(self.experts) * gates.mean(dim=0).square().sum()
+        return self.head(torch.relu(mixed)), balance
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())

@@ -2,16 +2,26 @@
 
 A task is any object with two methods, chosen by `task._target_`:
 
-- `loss(outputs, targets)`: one loss per sample, shape (batch,). Training weights them (padding
-  of the last, short batch has weight 0) and averages over exactly the real samples.
-- `metrics(outputs, targets)`: a dict of per-sample values, each of shape (batch,). Evaluation
-  sums them in float64 over the whole set, across ranks, and divides by the number of samples:
-  the figures equal a one-process evaluation's at any world size. They are reported as
-  `val_<name>`; the first one (by convention `loss`) is the validation loss.
+- `loss(outputs, targets)`: either one loss per sample, shape (batch,), which training weights
+  (padding of the last, short batch has weight 0) and averages over exactly the step's real samples;
+  or a pair `(total, count)`: the loss summed over the micro-batch's items (tokens, pairs, anything)
+  and how many items it covers. The step's gradient is then that of the sum of every micro-batch's
+  total over the sum of every count, over the step's whole global batch (every micro-batch of every
+  rank), at any world size and trainer.grad_accum_steps (engine/trainer.py, StepRunner).
+- `metrics(outputs, targets)`: a dict by name of per-sample values, each of shape (batch,), or of
+  `(total, count)` pairs. Evaluation sums the values (or the totals, and the counts) in float64 over
+  the whole set, across ranks, and divides by the number of samples (or the sum of the counts): the
+  figures equal a one-process evaluation's at any world size. They are reported as `val_<name>`; the
+  first one (by convention `loss`) is the validation loss.
 - optionally `summarise(means)`: the figures reported, from those means (a ratio of two sums over the
-  whole set: LanguageModel's bits per byte); without it, the means are the figures.
+  whole set: LanguageModel's bits per byte of a BPE); without it, the means are the figures.
 
 Outputs are what the model returns; targets what the data set's items carry after the input.
+
+A loss over the whole batch at once (contrastive, with the other samples as negatives) gathers what
+it compares across the ranks with `gather_with_grad` (InfoNCE below); a term the model returns beside
+its outputs (a mixture of experts' balance term) is added to the total (ClassificationWithAux below).
+docs/tasks.md says what "exact" means for each form.
 
 Optionally, what predict.py saves of the outputs: `predict(outputs, kind)` returns a tensor whose first
 dimension is the batch's, and `predictions` names the kinds it takes (`predict_as=<kind>`), the first
@@ -20,10 +30,14 @@ one the default. A task without them has the model's outputs saved as they are (
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from .datasets.tokenizer import of_folder
@@ -33,12 +47,13 @@ from .datasets.tokenizer import of_folder
 class Task(Protocol):
     """What `task._target_` builds: the two methods above. Any object that has them is a task."""
 
-    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
-        """One loss per sample, shape (batch,)."""
+    def loss(self, outputs: Any, targets: Any) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """One loss per sample, shape (batch,); or (total, count): the items' summed loss and their number."""
         ...
 
-    def metrics(self, outputs: Any, targets: Any) -> dict[str, torch.Tensor]:
-        """Per-sample values by name, each of shape (batch,); the first is the validation loss."""
+    def metrics(self, outputs: Any, targets: Any) -> dict[str, Any]:
+        """Per-sample values by name, each of shape (batch,), or (total, count) pairs; the first is the
+        validation loss."""
         ...
 
 
@@ -58,8 +73,14 @@ class Classification:
         return predicted(logits, kind, dim=1)
 
 
+IGNORE = -100  # a target position that is padding (pad_windows): no loss, not counted
+
+
 class LanguageModel:
-    """Next-token cross-entropy; val_loss in nats per token and val_bpb in bits per byte of text.
+    """Next-token cross-entropy, token-weighted: the step's loss is the mean over every real token of
+    the global batch (a pair (total, count)), so windows of different lengths (padded by
+    datasets.collate.pad_windows, targets IGNORE where padded) weigh by their tokens. val_loss in nats
+    per token and val_bpb in bits per byte of text, over every token of the set.
 
     Over bytes a token is a byte, and val_bpb is val_loss in bits. Over a BPE's tokens (`vocab_from`: a
     token folder of prepare tokens, which data=tokens passes; a key named `tokens` would be redacted as a
@@ -78,22 +99,28 @@ class LanguageModel:
             if tokenizer.kind != "bytes":
                 self.token_bytes = torch.tensor(tokenizer.token_bytes(), dtype=torch.float64)
 
-    def loss(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        per_token = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten(), reduction="none")
-        return per_token.view(tokens.shape).mean(dim=1)  # every sequence has the same length
+    def loss(self, logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the cross-entropy summed over the real target tokens, their number)."""
+        total = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten(), reduction="sum", ignore_index=IGNORE)
+        return total, (tokens != IGNORE).sum()
 
     def tokens_per_sample(self, tokens: torch.Tensor) -> int:
         """A sample's tokens (its sequence length): the log line's tokens_per_s (observe/figures.py)."""
         return tokens.shape[-1]
 
-    def metrics(self, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        loss = self.loss(logits, tokens)
+    def metrics(self, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, Any]:
+        # Summed in float64: a batch's total must not depend on which windows share the batch (world size).
+        per_token = F.cross_entropy(
+            logits.float().flatten(0, 1), tokens.flatten(), reduction="none", ignore_index=IGNORE
+        )
+        total, count = per_token.double().sum(), (tokens != IGNORE).sum()
         if self.token_bytes is None:
-            return {"loss": loss, "bpb": loss / math.log(2)}
+            return {"loss": (total, count), "bpb": (total / math.log(2), count)}
         self.token_bytes = self.token_bytes.to(tokens.device)
-        # A window's bits and its bytes: summed over the set by evaluation, divided by summarise.
-        return {"loss": loss, "bits": loss.double() * tokens.shape[1] / math.log(2),
-                "bytes": self.token_bytes[tokens].sum(dim=1)}  # fmt: skip
+        real = tokens != IGNORE
+        # The tokens' bits and their bytes, each over the same count: their means' ratio is their sums'.
+        return {"loss": (total, count), "bits": (total / math.log(2), count),
+                "bytes": ((self.token_bytes[tokens.clamp_min(0)] * real).sum(), count)}  # fmt: skip
 
     def summarise(self, means: dict[str, float]) -> dict[str, float]:
         """val_bpb of a BPE: all the windows' bits over all their bytes (the means' ratio is the sums')."""
@@ -103,6 +130,142 @@ class LanguageModel:
 
     def predict(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
         return predicted(logits, kind, dim=-1)
+
+
+# --- a loss over the whole batch: the other samples of every rank as negatives
+
+
+class Gathered(NamedTuple):
+    """What gather_with_grad returns: every rank's rows, in rank order."""
+
+    rows: torch.Tensor  # (the step's micro-batch over all ranks, ...): this rank's rows carry their gradient
+    real: torch.Tensor  # bool (rows,): False for the sampler's padding samples (weight 0), which must count nothing
+    start: int  # this rank's first row in `rows`
+
+
+_weights: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("sample_weights", default=None)
+
+
+@contextlib.contextmanager
+def sample_weights(weights: torch.Tensor) -> Iterator[None]:
+    """The micro-batch's sample weights (0: padding), as the step runner sets them for its loss: what
+    gather_with_grad marks as real."""
+    token = _weights.set(weights)
+    try:
+        yield
+    finally:
+        _weights.reset(token)
+
+
+def gather_with_grad(tensor: torch.Tensor) -> Gathered:
+    """Every rank's `tensor` (its first dimension the micro-batch's samples; the ranks may hold
+    different numbers of them), concatenated in rank order, differentiable: the gradient that reaches
+    each rank's rows is the sum of what every rank's loss gives them. With it, a loss compares each
+    sample with the whole global micro-batch (in-batch negatives over all ranks), and the step's
+    gradient is that of one process computing the same loss over the same global micro-batch.
+
+    Every rank must call it at the same point of its loss (it is a collective: two all-gathers forward,
+    the first of the row counts, read back to the host; one all-reduce of the rows' gradient backward).
+    Without a process group (one process) it returns the tensor itself. `real` marks the sampler's padding samples (False), to be left out of the loss."""
+    weights = _weights.get()
+    real = torch.ones(len(tensor), dtype=torch.bool, device=tensor.device)
+    if weights is not None:
+        real = weights.to(tensor.device) > 0
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return Gathered(tensor, real, 0)
+    sizes = torch.tensor([len(tensor)], device=tensor.device)
+    every_size = [torch.zeros_like(sizes) for _ in range(dist.get_world_size())]
+    dist.all_gather(every_size, sizes)
+    counts = [int(size.item()) for size in every_size]
+    rows = _GatherRows.apply(tensor, counts)
+    everyone_real = _GatherRows.apply(real.float(), counts).bool()
+    return Gathered(rows, everyone_real, sum(counts[: dist.get_rank()]))
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather of rows of uneven counts (padded to the largest for the collective); backward, the
+    gathered rows' gradient summed over the ranks (one all-reduce), this rank's rows of it."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        rank, longest = dist.get_rank(), max(counts)
+        ctx.counts, ctx.rank = counts, rank
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: len(tensor)] = tensor
+        parts = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(parts, padded.contiguous())
+        return torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)  # every rank's loss's gradient with respect to every row, summed
+        start = sum(ctx.counts[: ctx.rank])
+        return grad[start : start + ctx.counts[ctx.rank]], None
+
+
+class InfoNCE:
+    """A contrastive loss with in-batch negatives over the global micro-batch (an example to adapt).
+
+    The model returns two embeddings per sample, (queries, keys), each (batch, dim): two views of one
+    item, an image and its caption. Each query's positive is its own key; every other key of every
+    rank's micro-batch is a negative (gather_with_grad). The loss is the cross-entropy of the cosine
+    similarities over `temperature`, summed over the real queries: a pair (total, count), so the step's
+    loss is the mean over every query of the global batch. Targets are not used. Metrics: the same
+    loss, with the evaluation batch's own negatives on each rank (evaluation does not gather), and
+    the accuracy of picking the positive among them.
+    """
+
+    def __init__(self, temperature: float = 0.1) -> None:
+        self.temperature = temperature
+
+    def similarities(self, outputs: tuple[torch.Tensor, torch.Tensor], gather: bool) -> tuple[torch.Tensor, ...]:
+        queries, keys = (F.normalize(embedding.float(), dim=-1) for embedding in outputs)
+        candidates = gather_with_grad(keys) if gather else Gathered(keys, torch.ones_like(keys[:, 0]).bool(), 0)
+        logits = (queries @ candidates.rows.T / self.temperature).masked_fill(~candidates.real, -math.inf)
+        positives = torch.arange(len(queries), device=logits.device) + candidates.start
+        mine = candidates.real[candidates.start : candidates.start + len(queries)]
+        return logits, positives, mine
+
+    def loss(self, outputs: tuple[torch.Tensor, torch.Tensor], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, positives, mine = self.similarities(outputs, gather=True)
+        per_query = F.cross_entropy(logits, positives, reduction="none")
+        return per_query.where(mine, 0.0).sum(), mine.sum()  # a padding query (its key masked) counts nothing
+
+    def metrics(self, outputs: tuple[torch.Tensor, torch.Tensor], targets: Any) -> dict[str, torch.Tensor]:
+        logits, positives, _ = self.similarities(outputs, gather=False)
+        return {"loss": F.cross_entropy(logits, positives, reduction="none"),
+                "acc": (logits.argmax(dim=1) == positives).float()}  # fmt: skip
+
+
+# --- an auxiliary term the model returns
+
+
+class ClassificationWithAux(Classification):
+    """Classification of a model that returns (logits, aux): aux a scalar term of its own (a mixture of
+    experts' load balance, a regulariser; models.MixtureOfExperts), added to the loss with `aux_weight`.
+
+    The loss is a pair: the cross-entropy summed over the micro-batch's samples plus aux_weight * aux
+    times their number, over that number: the step's loss is the mean cross-entropy over the global
+    batch plus aux_weight times the mean of each micro-batch's aux weighted by its samples. Metrics,
+    predictions: Classification's, of the logits (val_aux: the term's mean over the set).
+    """
+
+    def __init__(self, aux_weight: float = 0.01) -> None:
+        self.aux_weight = aux_weight
+
+    def loss(self, outputs: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor) -> tuple[torch.Tensor, int]:  # type: ignore[override]
+        logits, aux = outputs
+        total = F.cross_entropy(logits.float(), labels, reduction="sum")
+        return total + self.aux_weight * aux.float() * len(labels), len(labels)
+
+    def metrics(self, outputs: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor) -> dict[str, Any]:  # type: ignore[override]
+        logits, aux = outputs
+        return {"loss": super().loss(logits, labels), "acc": (logits.argmax(dim=1) == labels).float(),
+                "aux": (aux.double() * len(labels), len(labels))}  # fmt: skip
+
+    def predict(self, outputs: tuple[torch.Tensor, torch.Tensor], kind: str) -> torch.Tensor:  # type: ignore[override]
+        return super().predict(outputs[0], kind)
 
 
 def predicted(logits: torch.Tensor, kind: str, dim: int) -> torch.Tensor:

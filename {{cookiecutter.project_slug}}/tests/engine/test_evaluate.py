@@ -3,18 +3,21 @@ the trainer's validation under fsdp, whose forwards are collectives, on two rank
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.datasets.collate import model_forward
+from {{cookiecutter.package_name}}.config import DataConfig, to_train_config
+from {{cookiecutter.package_name}}.datasets.collate import model_forward, pad_windows
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.data.loader import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
-from {{cookiecutter.package_name}}.tasks import Classification
+from {{cookiecutter.package_name}}.models import GPT
+from {{cookiecutter.package_name}}.tasks import Classification, LanguageModel
 
 from ..helpers import SMALL, BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
 
@@ -135,3 +138,40 @@ def test_a_tasks_summarise_turns_the_sums_over_the_whole_set_into_its_figures_at
     assert one.metrics == {"loss": pytest.approx((weighted.sum() / weights.sum()).item())}
     two = on_ranks(2, evaluate_weighted)
     assert two[0] == two[1] and two[0].metrics == pytest.approx(one.metrics, rel=1e-9)
+
+
+# --- (total, count) metrics: the language model's val_loss, the mean over every token of the set
+
+
+def windows(train_size: int = 4, val_size: int = 7) -> tuple[list, list]:
+    """(train, val) of language-model windows of lengths 1 to 9 (window i: (i * 5) % 9 + 1 tokens)."""
+
+    def items(count: int, first: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        sequences = [torch.arange(first + i, first + i + (i * 5) % 9 + 2) % 16 for i in range(count)]
+        return [(sequence[:-1], sequence[1:]) for sequence in sequences]
+
+    return items(train_size, 0), items(val_size, 30)
+
+
+def evaluate_windows(env) -> EvalResult:  # noqa: ANN001
+    node = {"batch_size": 2, "dataset": {"_target_": f"{__name__}.windows"},
+            "collate": {"_target_": f"{pad_windows.__module__}.pad_windows"}}  # fmt: skip
+    data = build_data(DataConfig.from_node(node), env, seed=0)
+    torch.manual_seed(0)
+    model = GPT(16, 16, layers=1, heads=2, width=16)
+    return evaluate(model, data.val_loader, LanguageModel(), env.device, lockstep=True)
+
+
+def test_a_token_weighted_metric_is_the_mean_over_every_token_of_the_set_at_any_world_size() -> None:
+    torch.manual_seed(0)
+    model = GPT(16, 16, layers=1, heads=2, width=16).eval()
+    with torch.no_grad():  # one process, plain PyTorch: every window's token losses, one list
+        losses = torch.cat([F.cross_entropy(model(x[None])[0], y, reduction="none") for x, y in windows()[1]])
+    one = evaluate_windows(cpu_env(0, 1))
+    assert one.samples == 7 and one.metrics["loss"] == pytest.approx(losses.mean().item(), rel=1e-6)
+    assert one.metrics["bpb"] == pytest.approx(losses.mean().item() / math.log(2), rel=1e-6)
+    for world_size in (2, 3):  # shards of 4 and 3, or 3, 2 and 2 windows: a filler forward on the shorter ones
+        ranks = on_ranks(world_size, evaluate_windows)
+        assert all(rank == ranks[0] for rank in ranks) and ranks[0].samples == 7
+        # float32 tolerance: the model's logits of a window vary in the last bits with the batch's padded length
+        assert ranks[0].metrics == pytest.approx(one.metrics, rel=1e-6)

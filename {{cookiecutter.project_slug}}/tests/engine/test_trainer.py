@@ -260,7 +260,7 @@ def test_optimizer_steps_group_the_micro_batches_of_the_epoch(tmp_path: Path, ac
     assert next(batches) == 0, "lazy: nothing is read before its step is trained"
 
 
-def linear_runner(clip: float, precision: str = "fp16") -> StepRunner:
+def linear_runner(clip: float, precision: str = "fp16", task: object = None) -> StepRunner:
     torch.manual_seed(0)
     model = nn.Linear(8, 3)
     config = TrainerConfig(
@@ -269,7 +269,7 @@ def linear_runner(clip: float, precision: str = "fp16") -> StepRunner:
     )  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     plain = Strategy(to_train_config(compose_config()), CPU)  # the base strategy: no wrapper, no reduction
-    return StepRunner(model, optimizer, config, torch.device("cpu"), 1, Classification(), plain)
+    return StepRunner(model, optimizer, config, torch.device("cpu"), 1, task or Classification(), plain)  # type: ignore[arg-type]
 
 
 def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> None:
@@ -314,3 +314,31 @@ def test_padding_of_weight_0_adds_nothing_to_the_loss_or_the_gradient() -> None:
     expected.backward()
     assert torch.allclose(loss, expected.detach())
     assert all(torch.allclose(a, p.grad) for a, p in zip(padded, model.parameters(), strict=True))
+
+
+class SummedCrossEntropy(Classification):
+    """Classification's loss as a (total, count) pair."""
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:  # type: ignore[override]
+        return super().loss(logits, labels).sum(), len(labels)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_total_and_count_loss_steps_as_the_mean_also_when_fp16_scales_it(precision: str) -> None:
+    """The pair's gradient is rescaled after fp16's unscale: the step equals the per-sample mean's."""
+    inputs, targets = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 0, 1, 1])
+    moved = {}
+    for name, task in (("mean", Classification()), ("pair", SummedCrossEntropy())):
+        runner = linear_runner(clip=0.0, precision=precision if name == "pair" else "fp32", task=task)
+        if runner.scaler.is_enabled():  # a scale the summed (not averaged) gradients fit in fp16 (docs/tasks.md)
+            runner.load_state_dict({"grad_scaler": {**runner.scaler.state_dict(), "scale": 1024.0}})
+        before = [p.detach().clone() for p in runner.trained.parameters()]
+        for half in (slice(0, 4), slice(4, 6)):  # two micro-batches of 4 and 2 samples
+            runner.micro_step(inputs[half], targets[half], torch.ones(6)[half], 6, sync=half.start == 4)
+        assert (runner.items is not None) == (name == "pair")
+        runner.optimizer_step()
+        assert runner.items is None
+        moved[name] = [b - a.detach() for b, a in zip(before, runner.trained.parameters(), strict=True)]
+    tolerance = {"rtol": 1e-5, "atol": 1e-7} if precision == "fp32" else {"rtol": 1e-2, "atol": 1e-3}
+    for pair, mean in zip(moved["pair"], moved["mean"], strict=True):
+        torch.testing.assert_close(pair, mean, **tolerance)

@@ -5,12 +5,13 @@ own (see the README, "Your own model and data"); the loaders, the resumable samp
 evaluation work for any map-style pair. One module per kind: images.py (synthetic, cifar10,
 image_folder), corpus.py (a text corpus read into memory), tokens.py (the same corpus prepared into
 token files that training memory-maps); prepare.py, the command that writes such files. collate.py:
-pad_sequences, a `data.collate` for inputs of different lengths.
+pad_sequences, a `data.collate` for inputs of different lengths; pad_windows, for a language
+model's windows of different lengths.
 """
 
 from __future__ import annotations
 
-from .collate import pad_sequences
+from .collate import pad_sequences, pad_windows
 from .corpus import TextWindows, stdlib_sources, text, text_files
 from .images import (
     TensorImages,
@@ -32,6 +33,7 @@ __all__ = [
     "image_folder",
     "normalise",
     "pad_sequences",
+    "pad_windows",
     "read_cifar_batches",
     "ShardedSet",
     "sharded",

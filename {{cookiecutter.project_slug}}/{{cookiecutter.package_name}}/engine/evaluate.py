@@ -20,7 +20,7 @@ from .distributed.process_group import all_gather_int, all_reduce_sum
 
 @dataclass(frozen=True)
 class EvalResult:
-    metrics: dict[str, float]  # the task's metrics, each the mean over the whole set
+    metrics: dict[str, float]  # the task's metrics, each the mean over the whole set (its samples, or its items)
     samples: int
 
     @property
@@ -49,12 +49,12 @@ def evaluate(
     """
     was_training = model.training
     model.eval()
-    sums: torch.Tensor | None = None
+    sums: torch.Tensor | None = None  # per name: the values' (or the totals') sum, then their count
     samples = torch.zeros((), dtype=torch.float64, device=device)
     forwards = max(all_gather_int(len(loader), device)) if lockstep else len(loader)
     batches, filler = iter(loader), None
 
-    def metrics_of(batch: Any) -> dict[str, torch.Tensor]:
+    def metrics_of(batch: Any) -> dict[str, Any]:
         inputs, targets, _, _ = batch
         return task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device))
 
@@ -65,16 +65,26 @@ def evaluate(
         values = metrics_of(batch if batch is not None else filler)
         if sums is None:
             names = list(values)
-            sums = torch.zeros(len(names), dtype=torch.float64, device=device)
+            sums = torch.zeros(2, len(names), dtype=torch.float64, device=device)
         if batch is not None:  # float64 sums: the order of addition varies with the world size, the result must not
-            sums += torch.stack([values[name].double().sum() for name in names])
-            samples += len(next(iter(values.values())))
+            size = len(batch[2])  # its samples (their weights)
+            sums += torch.stack([summed(values[name], size) for name in names], dim=1)
+            samples += size
     all_reduce_sum(sums)
     all_reduce_sum(samples)
     model.train(was_training)
-    count = max(int(samples.item()), 1)
-    means = dict(zip(names, (total / count for total in sums.tolist()), strict=True))  # type: ignore[arg-type]
+    totals, counts = sums.tolist()  # type: ignore[union-attr]
+    means = {name: total / max(count, 1) for name, total, count in zip(names, totals, counts, strict=True)}
     return EvalResult(summarised(task, means), int(samples.item()))
+
+
+def summed(value: Any, samples: int) -> torch.Tensor:
+    """A metric's (sum, count) in float64: a (total, count) pair as it is, per-sample values summed over
+    their `samples`."""
+    if isinstance(value, tuple):
+        total, count = value
+        return torch.stack([total.double(), torch.as_tensor(count, dtype=torch.float64, device=total.device)])
+    return torch.stack([value.double().sum(), torch.tensor(float(samples), dtype=torch.float64, device=value.device)])
 
 
 def summarised(task: Task, means: dict[str, float]) -> dict[str, float]:

@@ -46,7 +46,7 @@ from ..observe.figures import Throughput
 from ..observe.hangs import StallWatch
 from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
-from ..tasks import Task
+from ..tasks import Task, sample_weights
 from .callbacks import Callbacks
 from .checkpoint.manager import CheckpointManager
 from .data.loader import Data
@@ -161,7 +161,7 @@ class Trainer:
         config, state, sampler = self.config, self.state, self.data.sampler
         sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
         sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
-        interval = Interval(torch.zeros((), device=self.env.device))
+        interval = Interval(torch.zeros((), device=self.env.device), torch.zeros((), device=self.env.device))
         batches: Any = self.data.train_loader
         bar = None
         if use_progress_bar(self.env):
@@ -210,6 +210,8 @@ class Trainer:
             if self.sample_audit.enabled:
                 indices = batch.indices[batch.weights.cpu() > 0].tolist()
                 self.sample_audit.write("samples", step=state.step + 1, epoch=state.epoch, indices=indices)
+        if self.runner.items is not None:  # a (total, count) loss: the log line's loss is the totals over the counts
+            interval.items += self.runner.items.to(interval.items)
         grad_norm = self.runner.optimizer_step()
         if self.grad_norms is None:
             self.grad_norms = torch.zeros((), device=grad_norm.device)
@@ -230,11 +232,14 @@ class Trainer:
 
     def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
         # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
-        # norm (the same on every rank) with it, on the loss's device (fsdp.cpu_offload's is the CPU).
+        # norm (the same on every rank) and the items of a (total, count) loss with it, on the loss's
+        # device (fsdp.cpu_offload's is the CPU).
         grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
-        sums = all_reduce_sum(torch.stack([interval.loss_sum, grad_norms.to(interval.loss_sum)])).tolist()
+        figures = [interval.loss_sum, grad_norms.to(interval.loss_sum), interval.items.to(interval.loss_sum)]
+        sums = all_reduce_sum(torch.stack(figures)).tolist()
         elapsed = time.perf_counter() - interval.started
-        train_loss = sums[0] / (self.env.world_size * interval.steps)
+        # Per sample: the mean of the steps' losses; pairs: all the interval's totals over all its items.
+        train_loss = sums[0] / sums[2] if sums[2] else sums[0] / (self.env.world_size * interval.steps)
         if not math.isfinite(train_loss):  # the same sum on every rank: all stop at this step
             raise JobError(
                 f"training diverged by step {self.state.step}: the loss is {train_loss}; lower optim.lr or set "
@@ -341,31 +346,64 @@ class StepRunner:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]  # what clipping sees
         # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+        self.items: torch.Tensor | None = None  # a (total, count) loss: the step's local count so far
 
     def micro_step(
         self, inputs: Any, targets: Any, weights: torch.Tensor, real_samples: int, sync: bool
     ) -> torch.Tensor:
-        """Forward and backward of one micro-batch (`sync` on the last one of the step only); its
-        share of the step's loss, on the device: the step's loss is the sum of its micro-batches'."""
+        """Forward and backward of one micro-batch (`sync` on the last one of the step only). What the
+        log line sums of it, on the device: a per-sample loss's share of the step's loss (the step's
+        loss is the sum of its micro-batches'); a pair's total (its count is added to `self.items`)."""
         inputs = to_device(inputs, self.device, self.memory_format)
         targets = to_device(targets, self.device)
         weights = weights.to(self.device, non_blocking=True)
         with self.strategy.gradient_sync(self.trained, sync):
             with self.autocast():
                 outputs = model_forward(self.trained, inputs)
-            per_sample = self.task.loss(outputs, targets)
+            with sample_weights(weights):  # what gather_with_grad marks as padding
+                loss = self.task.loss(outputs, targets)
+            if isinstance(loss, tuple):
+                return self.pair_backward(*loss, real=weights.sum() > 0)
             # DDP averages gradients over ranks; scaling by world_size / real_samples makes that
             # average the mean over exactly the real samples of the step's global batch (all its
             # micro-batches), also when the last one is short or uneven: padding (weight 0) adds nothing.
-            loss = (per_sample * weights).sum() * (self.world_size / real_samples)
+            loss = (loss * weights).sum() * (self.world_size / real_samples)
             self.scaler.scale(loss).backward()
         return loss.detach()
+
+    def pair_backward(self, total: torch.Tensor, count: Any, real: torch.Tensor) -> torch.Tensor:
+        """Backward of a (total, count) loss as it is: the step's gradients are the sums of the totals'
+        (DDP and FSDP average them over the ranks), scaled once the step's global count is known
+        (`rescale`, before clipping and the optimizer step). The sampler's padding (a micro-batch of
+        one sample of weight 0) counts nothing and adds nothing, but runs its backward as every rank must."""
+        total = total * real  # 0 for padding: its gradient is zero, its graph still reaches every parameter
+        count = torch.as_tensor(count, dtype=torch.float64, device=self.device) * real
+        self.items = count if self.items is None else self.items + count
+        self.scaler.scale(total).backward()
+        return total.detach()
+
+    def rescale(self) -> None:
+        """Turn the summed totals' gradients into the gradient of the step's sum of totals over its sum of
+        counts: one all-reduce of the count (one number) per optimizer step, then every gradient (the
+        local shard of a sharded one) times world_size / global count, where each strategy has averaged
+        the gradients over the ranks."""
+        items, self.items = all_reduce_sum(self.items), None  # type: ignore[arg-type]
+        factor = (self.world_size / items.clamp_min(1)).float()  # no items (all masked): the gradients are 0
+        grads: dict[torch.device, list[torch.Tensor]] = {}
+        for param in self.params:
+            if param.grad is not None:
+                grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+                grads.setdefault(grad.device, []).append(grad)
+        for device, tensors in grads.items():  # fsdp.cpu_offload: the gradients are on the CPU
+            torch._foreach_mul_(tensors, factor.to(device))
 
     def optimizer_step(self) -> torch.Tensor:
         """Clip, step, clear the gradients; then what the strategy does after a step. The gradients'
         global norm before clipping, on the device (read back with the interval's log line only)."""
         if self.scaler.is_enabled():  # fp16: the norm of the true gradients (step() knows they are unscaled)
             self.scaler.unscale_(self.optimizer)
+        if self.items is not None:  # a (total, count) loss: the global count is known now
+            self.rescale()
         if self.clip_grad_norm > 0:
             norm = nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         else:  # the same norm clipping computes (frozen parameters have no gradient: left out)
@@ -397,6 +435,7 @@ class Interval:
     """Loss and sample counts since the last log line, kept on the device: no sync per step."""
 
     loss_sum: torch.Tensor
+    items: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # a (total, count) loss's counts
     steps: int = 0
     lr: float = 0.0  # the learning rate of the last step (a scheduler has set the next one's since)
     samples: int = 0
@@ -404,6 +443,7 @@ class Interval:
 
     def reset(self) -> None:
         self.loss_sum.zero_()
+        self.items.zero_()
         self.steps, self.samples, self.started = 0, 0, time.perf_counter()
 
 

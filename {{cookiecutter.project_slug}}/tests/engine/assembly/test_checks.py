@@ -14,6 +14,7 @@ from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
 from {{cookiecutter.package_name}}.engine.assembly import checks as checks_module
 from {{cookiecutter.package_name}}.engine.assembly.checks import check_components
+from {{cookiecutter.package_name}}.tasks import Classification
 
 from ...helpers import BagOfTokens, check_launch_for, compose_config, sequence_data
 
@@ -122,3 +123,25 @@ def test_a_disk_without_room_for_checkpoints_is_refused_before_training(tmp_path
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10 * 2**20))
     with pytest.raises(ConfigError, match=r"has 10 MiB free, and checkpoints of this model need about 23 MiB"):
         check_room_for_checkpoints(tmp_path / "run", model)
+
+
+class SummedLoss(Classification):
+    """A task whose loss is a (total, count) pair: accepted."""
+
+    def loss(self, logits, labels):  # noqa: ANN001, ANN201
+        return super().loss(logits, labels).sum(), len(labels)
+
+
+class ThreeValues(Classification):
+    def loss(self, logits, labels):  # noqa: ANN001, ANN201
+        return super().loss(logits, labels).sum(), len(labels), 0
+
+
+def test_a_loss_is_one_value_per_sample_or_a_total_and_count_pair() -> None:
+    def checked(task: str) -> None:
+        overrides = ["data=synthetic", "model=small_cnn", f"task._target_={task}"]
+        check_components(to_train_config(compose_config(overrides)))
+
+    checked(f"{__name__}.SummedLoss")
+    with pytest.raises(ConfigError, match=r"loss\(\) returned a tuple of 3: a pair must be \(total, count\)"):
+        checked(f"{__name__}.ThreeValues")

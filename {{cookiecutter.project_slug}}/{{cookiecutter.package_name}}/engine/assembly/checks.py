@@ -110,9 +110,16 @@ def check_components(config: TrainConfig) -> torch.nn.Module:
             f"model, data and task do not fit together: one batch fails with {first_line(error)}; "
             "check model=, data= and task= (and data.num_classes)"
         ) from None
-    if not (isinstance(loss, torch.Tensor) and loss.shape == (len(items),)):
+    if isinstance(loss, tuple):  # (total, count): the items' summed loss and their number
+        total, count = loss if len(loss) == 2 else (None, None)
+        if not (isinstance(total, torch.Tensor) and total.dim() == 0 and isinstance(count, torch.Tensor | int)):
+            raise ConfigError(
+                f"task._target_={config.task['_target_']}: loss() returned a tuple of {len(loss)}: a pair must be "
+                "(total, count), the loss summed over the batch's items as a 0-d tensor and their number"
+            )
+    elif not (isinstance(loss, torch.Tensor) and loss.shape == (len(items),)):
         raise ConfigError(
             f"task._target_={config.task['_target_']}: loss() must return one value per sample, "
-            f"shape ({len(items)},), got {tuple(getattr(loss, 'shape', ()))}"
+            f"shape ({len(items)},), or a pair (total, count), got {tuple(getattr(loss, 'shape', ()))}"
         )
     return model

@@ -1,0 +1,162 @@
+"""The step's gradient for each form of loss (issue #35): per sample, token-weighted (total, count) and
+contrastive over the global batch (gather_with_grad). One optimizer step of the project's StepRunner on
+real gloo ranks, at world sizes 1, 2 and 3 and grad_accum_steps 1 and 2, on sequences of uneven lengths
+split unevenly (a rank left with nothing gets the sampler's padding sample of weight 0), equals a plain
+single-process PyTorch computation on the same global batch."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from {{cookiecutter.package_name}}.config import DDPConfig, FSDPConfig, TrainerConfig
+from {{cookiecutter.package_name}}.datasets.collate import pad_sequences, pad_windows
+from {{cookiecutter.package_name}}.engine.strategies import strategy_class
+from {{cookiecutter.package_name}}.engine.trainer import StepRunner
+from {{cookiecutter.package_name}}.models import GPT
+from {{cookiecutter.package_name}}.tasks import Classification, InfoNCE, LanguageModel
+
+from ..helpers import BagOfTokens, on_ranks
+
+LENGTHS = [3, 9, 1, 6, 4]  # the global batch: 5 sequences of uneven lengths
+DDP = DDPConfig(
+    bucket_cap_mb=25, gradient_as_bucket_view=True, static_graph=False, find_unused_parameters=False,
+    broadcast_buffers=True, sync_batchnorm=False, comm_hook="none", powersgd_rank=1, powersgd_start_iter=2,
+)  # fmt: skip
+
+
+class TwoTowers(nn.Module):
+    """Two embeddings of a sequence (queries, keys): the mean embedding of its real tokens in each tower."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries, self.keys = nn.EmbeddingBag(64, 8, mode="sum"), nn.EmbeddingBag(64, 8, mode="sum")
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        real = (torch.arange(tokens.shape[1]) < lengths[:, None]).float() / lengths[:, None]
+        return self.queries(tokens, per_sample_weights=real), self.keys(tokens, per_sample_weights=real)
+
+
+def items(kind: str) -> list:
+    generator = torch.Generator().manual_seed(7)
+    sequences = [torch.randint(0, 16, (length + 1,), generator=generator) for length in LENGTHS]
+    if kind == "tokens":  # language-model windows: the next token at each position
+        return [(sequence[:-1], sequence[1:]) for sequence in sequences]
+    return [(sequence[:-1], number % 3) for number, sequence in enumerate(sequences)]
+
+
+def case(kind: str) -> tuple[nn.Module, object, object]:
+    """(the model with its initial weights, the task, the collate) of each form."""
+    torch.manual_seed(0)
+    if kind == "sample":
+        return BagOfTokens(), Classification(), pad_sequences
+    if kind == "tokens":
+        return GPT(block_size=16, vocab_size=16, layers=1, heads=2, width=16), LanguageModel(), pad_windows
+    return TwoTowers(), InfoNCE(temperature=0.5), pad_sequences
+
+
+def split(count: int, parts: int) -> list[range]:
+    """`count` consecutive positions in `parts` runs, as even as possible, the longer first (as the sampler splits)."""
+    sizes = [count // parts + (part < count % parts) for part in range(parts)]
+    starts = [sum(sizes[:part]) for part in range(parts)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
+def micro_batches(world_size: int, rank: int, accum: int) -> list[tuple[list[int], list[float]]]:
+    """This rank's micro-batches of the global batch: (the samples' positions, their weights); the
+    step's micro-batch `k` over all ranks is the k-th run of the batch (rounds), split among the ranks."""
+    batches = []
+    for round_ in split(len(LENGTHS), accum):
+        mine = split(len(round_), world_size)[rank]
+        positions = [round_[i] for i in mine]
+        batches.append((positions, [1.0] * len(positions)) if positions else ([0], [0.0]))  # padding
+    return batches
+
+
+def one_step(env, kind: str, accum: int, strategy: str) -> list[torch.Tensor]:  # noqa: ANN001
+    """The weights' change in one SGD step (lr 1: minus the gradient) through the project's StepRunner."""
+    model, task, collate = case(kind)
+    before = [p.detach().clone() for p in model.parameters()]
+    config = TrainerConfig(
+        epochs=1, log_every_n_steps=1, record_samples=False, precision="fp32", channels_last=False,
+        compile=False, grad_accum_steps=accum, clip_grad_norm=0.0,
+    )  # fmt: skip
+    fsdp = FSDPConfig(blocks=[], reshard_after_forward=True, cpu_offload=False)
+    spread = strategy_class(strategy)(SimpleNamespace(ddp=DDP, fsdp=fsdp, trainer=config), env)
+    model = spread.prepare(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    trained = spread.wrap(model, optimizer)
+    runner = StepRunner(trained, optimizer, config, env.device, env.world_size, task, spread)  # type: ignore[arg-type]
+    data = items(kind)
+    batches = micro_batches(env.world_size, env.rank, accum)
+    for number, (positions, weights) in enumerate(batches, 1):
+        inputs, targets = collate([data[i] for i in positions])
+        runner.micro_step(inputs, targets, torch.tensor(weights), len(LENGTHS), sync=number == len(batches))
+    runner.optimizer_step()
+    after = [p.detach().full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+    return [b - a for b, a in zip(before, after, strict=True)]
+
+
+def plain_gradient(kind: str, accum: int) -> list[torch.Tensor]:
+    """The gradient one process computes on the whole global batch, in plain PyTorch."""
+    model, _, collate = case(kind)
+    data = items(kind)
+    if kind == "sample":  # the mean of the samples' cross-entropies
+        (padded, lengths), labels = collate(data)
+        loss = F.cross_entropy(model(padded, lengths), labels)
+    elif kind == "tokens":  # the mean over every real token of the batch
+        inputs, targets = collate(data)
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten(), ignore_index=-100)
+    else:  # InfoNCE over each step's micro-batch of all ranks (a round), summed, over all the queries
+        total = torch.zeros(())
+        for round_ in split(len(LENGTHS), accum):
+            (padded, lengths), _ = collate([data[i] for i in round_])
+            queries, keys = (F.normalize(e, dim=-1) for e in model(padded, lengths))
+            total = total + F.cross_entropy(queries @ keys.T / 0.5, torch.arange(len(round_)), reduction="sum")
+        loss = total / len(LENGTHS)
+    loss.backward()
+    return [p.grad for p in model.parameters()]
+
+
+def every_form(env) -> dict:  # noqa: ANN001
+    """Each form's step at grad_accum_steps 1 and 2: ddp (at one rank, no wrapper), and fsdp with
+    accumulation on several ranks (its gradients are sharded DTensors: each rank scales its shard)."""
+    forms = {}
+    for accum in (1, 2):
+        for kind in ("sample", "tokens", "contrastive"):
+            forms[kind, "ddp", accum] = one_step(env, kind, accum, "ddp")
+            if env.world_size > 1 and accum > 1 and kind != "sample":
+                forms[kind, "fsdp", accum] = one_step(env, kind, accum, "fsdp")
+    return forms
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_one_step_of_each_form_of_loss_is_the_plain_gradient_of_the_global_batch(world_size: int) -> None:
+    if world_size == 3:  # the case has a padding sample: the second round of 2 samples for 3 ranks
+        assert micro_batches(3, 2, 2)[1] == ([0], [0.0])
+    ranks = on_ranks(world_size, every_form, timeout=180)
+    for (kind, strategy, accum), moved in ranks[0].items():
+        expected, where = plain_gradient(kind, accum), f"{kind}, {strategy}, grad_accum_steps={accum}"
+        for got, want in zip(moved, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=lambda m, where=where: f"{where}: {m}")
+        for other in ranks[1:]:  # every rank took the same step
+            assert all(torch.equal(a, b) for a, b in zip(moved, other[kind, strategy, accum], strict=True))
+
+
+def test_the_token_weighted_loss_weighs_each_window_by_its_tokens_not_each_window_alike() -> None:
+    """The case the per-sample mean got wrong: a 1-token window weighs as much as a 9-token one there."""
+    logits = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(3))
+    inputs, targets = pad_windows([(torch.arange(9), torch.arange(1, 10) % 16), (torch.tensor([4]), torch.tensor([5]))])
+    assert inputs.shape == targets.shape == (2, 9) and (targets[1, 1:] == -100).all() and (inputs[1, 1:] == 0).all()
+    total, count = LanguageModel().loss(logits, targets)
+    assert count == 10
+    per_token = torch.cat([F.cross_entropy(logits[0], targets[0], reduction="none"),
+                           F.cross_entropy(logits[1, :1], targets[1, :1], reduction="none")])  # fmt: skip
+    torch.testing.assert_close(total / count, per_token.mean())
+    assert not math.isclose((total / count).item(), (per_token[:9].mean() + per_token[9]).item() / 2, rel_tol=1e-3)
