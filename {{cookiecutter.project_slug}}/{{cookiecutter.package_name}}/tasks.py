@@ -166,7 +166,8 @@ def gather_with_grad(tensor: torch.Tensor) -> Gathered:
 
     Every rank must call it at the same point of its loss (it is a collective: two all-gathers forward,
     the first of the row counts, read back to the host; one all-reduce of the rows' gradient backward).
-    Without a process group (one process) it returns the tensor itself. `real` marks the sampler's padding samples (False), to be left out of the loss."""
+    Without a process group (one process) it returns the tensor itself. `real` marks the sampler's
+    padding samples (False), to be left out of the loss."""
     weights = _weights.get()
     real = torch.ones(len(tensor), dtype=torch.bool, device=tensor.device)
     if weights is not None:
