@@ -100,7 +100,7 @@ class Callbacks:
 
 
 def eval_loader(dataset: Any, data: Any, env: DistEnv, seed: int) -> torch.utils.data.DataLoader:
-    """This rank's share of a map-style data set, loaded as the validation set is (data.py)."""
+    """This rank's share of a map-style data set, loaded as the validation set is (data/loader.py)."""
     keyed = KeyedDataset(dataset, seed)
     shard = torch.utils.data.Subset(keyed, list(eval_shard(len(keyed), env.rank, env.world_size)))
     return torch.utils.data.DataLoader(shard, shuffle=False, **loader_options(data, env, seed))
@@ -116,7 +116,7 @@ def build_callbacks(config: Mapping[str, Any]) -> Callbacks:
 
 class CallbackStates:
     """The checkpoint's `callbacks`: every rank's {name: state_dict()}, gathered in rank order (a rank's
-    state may differ from another's, as its generators do: generators.py)."""
+    state may differ from another's, as its generators do: distributed/generators.py)."""
 
     def __init__(self, callbacks: Callbacks, env: DistEnv) -> None:
         self.callbacks, self.env = callbacks, env

@@ -13,7 +13,7 @@
 Where training stands (TrainState, what a checkpoint resumes) is in state.py.
 
 A batch is a Batch (datasets/collate.py): inputs, targets, the samples' weights (0 for the sampler's
-padding) and their indices. What the loop uses is built by build.py: the strategy (strategies/) spreads
+padding) and their indices. What the loop uses is built by assembly/build.py: the strategy (strategies/) spreads
 the model over the ranks, the checkpoint manager (checkpoint/manager.py) saves and resumes, the schedule
 (schedule.py) sets the learning rate, the monitor (monitor.py) ranks validations, the EMA (ema.py)
 averages the weights, the callbacks (callbacks.py) run your per-step logic, and the sinks (observe/)

@@ -68,7 +68,7 @@ class CheckpointManager:
         return {**state, "world_size": self.env.world_size, "config": self.plain_config}
 
     def load_state_dict(self, payload: dict[str, Any], source: Path | str) -> list[str]:
-        """The exact inverse of state_dict(), at this world size; the settings it changes (compatibility.py).
+        """The exact inverse of state_dict(), at this world size; the settings it changes (assembly/compatibility.py).
         A payload without tensors is a folder of shards' trainer.pt: the strategy reads them from `source`."""
         changes = check_resume((Path(source), payload), self.plain_config, self.epochs)
         self.strategy.load_state_dict(payload, Path(source))

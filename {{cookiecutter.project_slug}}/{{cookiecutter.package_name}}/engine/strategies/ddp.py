@@ -1,6 +1,6 @@
 """strategy=ddp: a whole model on every rank, gradients all-reduced by DistributedDataParallel.
 
-Every ddp.* knob reaches DDP; `ddp.comm_hook` compresses the gradients (comm_hooks.py, PowerSGD's
+Every ddp.* knob reaches DDP; `ddp.comm_hook` compresses the gradients (../distributed/comm_hooks.py, PowerSGD's
 memory checkpointed); `ddp.sync_batchnorm` converts BatchNorm to SyncBatchNorm. Buffers follow rank 0
 at every forward (`ddp.broadcast_buffers`). Rank 0 writes one `step_<N>.pt` per checkpoint.
 """
