@@ -40,7 +40,7 @@ def orphan_after_parent_killed(setup: str) -> tuple[int, int, bool]:
     launcher's torchrun do), then the parent is SIGKILLed: (the child's pid, its process group, gone)."""
     child = f"""
         import time
-        from {PACKAGE}.processes import {setup}
+        from {PACKAGE}.common.processes import {setup}
         {setup}()
         import os
         print(os.getpid(), os.getpgid(0), flush=True)
@@ -82,7 +82,7 @@ def test_torchruns_setup_gives_it_a_process_group_of_its_own_and_death_with_the_
 def test_exit_now_flushes_what_was_printed_and_skips_the_interpreters_teardown() -> None:
     code = f"""
         import atexit, sys
-        from {PACKAGE}.processes import exit_now
+        from {PACKAGE}.common.processes import exit_now
         atexit.register(lambda: print("teardown ran", flush=True))
         print("trained", end="")
         sys.stderr.write("and written")

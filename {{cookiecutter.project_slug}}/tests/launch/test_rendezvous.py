@@ -4,12 +4,14 @@ tell when node 0 has stopped."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from {{cookiecutter.package_name}}.launch.keys import LaunchError
-from {{cookiecutter.package_name}}.launch.rendezvous import NodeZeroWatch, check_rendezvous, require_free_port
+from {{cookiecutter.package_name}}.launch.rendezvous import NodeZeroWatch, check_rendezvous, has_children, require_free_port
 
 from ..helpers import free_port, planned
 
@@ -70,3 +72,30 @@ def test_node_zero_is_gone_once_its_port_has_not_answered_for_a_while_not_at_a_b
         f"node 0 has stopped: nothing answers at 127.0.0.1:{port} any more, so node 2 stops too; node 0's output "
         "says why: launch every node again once it is fixed"
     )
+
+
+def test_a_process_whose_threads_come_and_go_has_no_children_until_it_starts_one() -> None:
+    # torchrun's threads come and go while it waits for the other nodes: one ending as it was read
+    # once counted as "has children" (the workers started), and a node alone then waited for ever.
+    script = (
+        "import subprocess, sys, threading, time\n"
+        "def churn():\n"
+        "    while True:\n"
+        "        t = threading.Thread(target=time.sleep, args=(0.0005,)); t.start(); t.join()\n"
+        "threading.Thread(target=churn, daemon=True).start()\n"
+        "sys.stdin.readline(); subprocess.Popen(['sleep', '30']); time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        assert not any(has_children(proc.pid) for _ in range(3000))
+        proc.stdin.write("start one\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not has_children(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert has_children(proc.pid)
+    finally:
+        subprocess.run(["pkill", "-P", str(proc.pid)])
+        proc.kill()
+        proc.wait()

@@ -110,8 +110,17 @@ class NodeZeroWatch:
 
 
 def has_children(pid: int) -> bool:
-    """Whether a process has children (Linux: /proc); True where that cannot be told."""
+    """Whether a process has children (Linux: /proc); True where that cannot be told. A thread that
+    ends between the listing and the read is skipped: read as "has children", it ended the node's wait
+    for good, and a node alone waited for ever (seen under load)."""
     try:
-        return any((task / "children").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return True
+    for task in tasks:
+        try:
+            if (task / "children").read_text().strip():
+                return True
+        except OSError:
+            continue  # that thread has ended
+    return False
