@@ -7,10 +7,13 @@ For each size it makes one corpus of the Python standard library's sources repea
 twice over the same bytes: token files (`prepare tokens stdlib OUT --repeat N`) and a folder of N
 hard-linked copies of the sources (what data=text reads: its split numbers the files on, as --repeat
 does). Then one torchrun job (--standalone, CPU processes, gloo) per data set trains the tiny GPT for
-a fixed number of steps, and each rank reports, as it ends, its peak resident memory (VmHWM of
-/proc/self/status: the corpus read in for data=text; for data=tokens, only the pages of the maps
-its windows touched). samples/s is the job's, over all ranks, from metrics.jsonl, the first interval
-(start-up) left out; "job s" is the whole torchrun job, start-up and the corpus's reading included.
+a fixed number of steps (one epoch), and each rank reports its peaks over the run: resident memory
+(VmHWM of /proc/self/status), its own memory (Anonymous of /proc/self/smaps_rollup: the corpus read in,
+for data=text), its PSS, and the file pages of the token files resident in its maps (data=tokens: the
+pages its windows touched; the files dropped from the page cache first, so they are read from disk as
+on a node that did not prepare them), the last three sampled every 0.2 s. samples/s is the job's, over all
+ranks, from metrics.jsonl, the first interval (start-up) left out; "job s" is the whole torchrun job,
+start-up and the corpus's reading included.
 The files are removed at the end unless --keep.
 """
 
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -58,12 +62,22 @@ def worker() -> None:
     run_dir = Path(next(item for item in overrides if item.startswith("hydra.run.dir=")).split("=", 1)[1])
     ending = train.exit_now
 
+    peaks = {"anonymous_kib": 0, "pss_kib": 0, "corpus_kib": 0}
+
+    def sample() -> None:  # over the whole run: the map is closed by the time the run ends
+        while True:
+            rollup = {line.split()[0]: int(line.split()[1]) for line in Path("/proc/self/smaps_rollup").read_text()
+                      .splitlines()[1:]}  # fmt: skip
+            for key, value in (("anonymous_kib", rollup["Anonymous:"]), ("pss_kib", rollup["Pss:"]),
+                               ("corpus_kib", corpus_resident_kib())):  # fmt: skip
+                peaks[key] = max(peaks[key], value)
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+
     def report_then_exit(code: int) -> None:
         status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-        rollup = {line.split()[0]: int(line.split()[1]) for line in Path("/proc/self/smaps_rollup").read_text()
-                  .splitlines()[1:]}  # fmt: skip
-        figures = {"peak_kib": int(status["VmHWM"].split()[0]), "anonymous_kib": rollup["Anonymous:"],
-                   "pss_kib": rollup["Pss:"], "corpus_kib": corpus_resident_kib()}  # fmt: skip
+        figures = {"peak_kib": int(status["VmHWM"].split()[0]), **peaks}
         (run_dir / f"memory_rank_{os.environ['RANK']}.json").write_text(json.dumps(figures))
         ending(code)
 
@@ -109,8 +123,23 @@ def make_corpora(size_gb: float, scratch: Path, copies_too: bool = True) -> tupl
     return tokens, copies, repeat
 
 
+def drop_from_page_cache(folder: Path) -> None:
+    """The folder's files out of the page cache (written back first): the job reads them from disk, as
+    on a node that did not prepare them, so what its ranks read shows in what they hold."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def run_job(data: str, root: Path, args: argparse.Namespace, run_dir: Path) -> dict:
     """One torchrun job on `data`; each rank's memory, the job's samples/s and its wall time."""
+    if data == "tokens":
+        drop_from_page_cache(root)
     overrides = ["task=language_model", f"data={data}", f"data.root={root}", f"data.batch_size={args.batch}",
                  f"data.train_samples={args.batch * args.nproc * args.steps}", "data.val_samples=48",
                  "model.layers=2", "model.width=64", "model.heads=2", "trainer.epochs=1",
@@ -154,8 +183,8 @@ def main() -> int:
         if not args.keep and not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     print(f"tiny GPT (2 layers, width 64), {args.nproc} CPU processes, {args.steps} steps of {args.batch} windows "
-          "a process (one epoch); each rank at its end, in MiB: peak resident (VmHWM), its own memory "
-          "(anonymous), PSS, and the corpus's file pages resident in its maps")  # fmt: skip
+          "a process (one epoch); each rank's peaks over the run, in MiB: resident (VmHWM), its own memory "
+          "(anonymous), PSS, and the corpus's file pages resident in its maps (sampled every 0.2 s)")  # fmt: skip
     ranks = " ".join(f"{f'rank {rank} peak/anon/pss/corpus':>28}" for rank in range(args.nproc))
     print(f"{'corpus GB':>9} {'data':<7} {ranks} {'samples/s':>10} {'job s':>6}")
     for row in rows:
