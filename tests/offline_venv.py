@@ -45,19 +45,33 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
 
+def owners() -> dict[str, set[str]]:
+    """{a top-level name in site-packages: the installed distributions with files under it}."""
+    found: dict[str, set[str]] = {}
+    for distribution in metadata.distributions():
+        name = canonicalize_name(distribution.metadata["Name"])
+        for top in {file.parts[0] for file in distribution.files or []}:
+            found.setdefault(top, set()).add(name)
+    return found
+
+
 def link(venv: Path, requirements: list[str]) -> int:
-    """Link the closure of `requirements` into `venv` (made already); the number of distributions."""
+    """Link the closure of `requirements` into `venv` (made already); the number of distributions. A
+    folder that one distribution alone has files in is one link; a shared one (a namespace) file by file."""
     site = site_packages(venv)
     present = {canonicalize_name(d.metadata["Name"]) for d in metadata.distributions(path=[str(site)])}
     distributions = {name: d for name, d in closure(requirements).items() if name not in present}
-    for distribution in distributions.values():
+    owned = owners()
+    for name, distribution in distributions.items():
         for file in distribution.files or []:
-            if file.parts[0] == ".." or file.suffix == ".pyc":  # scripts: written below; bytecode: rebuilt
+            if file.parts[0] == "..":  # scripts: written below, for this venv's interpreter
                 continue
-            target = site / file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.exists():
-                target.symlink_to(Path(distribution.locate_file(file)).resolve())
+            whole = len(file.parts) > 1 and owned[file.parts[0]] == {name}
+            source = Path(distribution.locate_file(file.parts[0] if whole else file)).resolve()
+            target = site / (file.parts[0] if whole else file)
+            if not target.exists() and not target.is_symlink():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(source)
         for entry in distribution.entry_points.select(group="console_scripts"):
             module, _, attribute = entry.value.partition(":")
             script = venv / "bin" / entry.name
