@@ -237,10 +237,16 @@ def readme_commands(heading: str) -> list[str]:
     return re.findall(r"```bash\n(.+?)\n```", section)
 
 
+def requirement_lines(path: Path) -> list[str]:
+    return [line.split("#", 1)[0].strip() for line in path.read_text().splitlines() if line.split("#", 1)[0].strip()]
+
+
 @pytest.mark.slow
 def test_readme_first_command_bakes_the_demo_and_trains_it_to_what_the_readme_says(tmp_path: Path) -> None:
-    """The README's first command, as written, in a copy of this repository. Its `python3 -m venv` makes a
-    venv that sees this test's installed packages (a .pth file), so its pip install downloads nothing."""
+    """The README's first command, as written, in a copy of this repository, in a venv that holds what
+    requirements.txt resolves to and nothing else (tests/offline_venv.py: its `python3 -m venv` links the
+    installed distributions in, so its pip install downloads nothing and a package the file forgets is
+    missing there). Then the baked project's own `pip install -e ".[dev]"` in that venv (offline)."""
     command = readme_commands("Try it")[0]
     assert "pip install -r requirements.txt" in command and "requirements-dev" not in command, command
     repo = tmp_path / "repo"
@@ -251,23 +257,45 @@ def test_readme_first_command_bakes_the_demo_and_trains_it_to_what_the_readme_sa
         shutil.copytree(TEMPLATE / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "outputs"))
     shims = tmp_path / "shims"
     shims.mkdir()
-    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    new_site = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
-    first_on_path = f"import sys; sys.path.insert(0, {site!r})"  # before the new venv's own, older setuptools
+    make_venv = [sys.executable, str(Path(__file__).with_name("offline_venv.py"))]
+    requirements = " ".join(f"'{line}'" for line in requirement_lines(repo / "requirements.txt"))
     (shims / "python3").write_text(
         "#!/bin/sh\n"
         'if [ "$1 $2" = "-m venv" ]; then\n'
-        f'  {sys.executable} -m venv "$3" && echo "{first_on_path}" > "$3/{new_site}/outer.pth"\n'
+        f'  exec {" ".join(make_venv)} "$3" {requirements}\n'
         f'else exec {sys.executable} "$@"; fi\n'
     )
     (shims / "python3").chmod(0o755)
-    env = {**os.environ, "PATH": os.pathsep.join([str(shims), os.environ["PATH"], str(Path(sys.executable).parent)]),
-           "PIP_NO_INDEX": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    env.pop("VIRTUAL_ENV", None)
+    outer_bin = str(Path(sys.executable).parent)
+    path = [entry for entry in os.environ["PATH"].split(os.pathsep) if entry != outer_bin]  # not this venv's
+    env = {**os.environ, "PATH": os.pathsep.join([str(shims), *path]), "PIP_NO_INDEX": "1", "OMP_NUM_THREADS": "1"}
+    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PIP_FIND_LINKS", "PIP_CONSTRAINT"):
+        env.pop(name, None)
     started = time.monotonic()
     proc = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     final = json.loads(proc.stdout.split("last evaluation: ", 1)[1].splitlines()[0])
     # "about 0.96 after half a minute" (the install, here satisfied at once, aside)
     assert final["val_acc"] >= 0.93 and final["epoch"] == 3, final
-    print(f"README's first command: val_acc {final['val_acc']:.3f} in {time.monotonic() - started:.0f} s")
+    trained = time.monotonic() - started
+
+    # The baked project's development install, as docs/layout.md gives it, in the same venv: offline
+    # (its dependencies linked in as above, the build backend too), so build isolation is off.
+    import tomllib
+
+    project, venv = repo / "demo" / "ddp_project", repo / ".venv"
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    extra = [*pyproject["build-system"]["requires"], *pyproject["project"]["dependencies"],
+             *pyproject["project"]["optional-dependencies"]["dev"]]  # fmt: skip
+    subprocess.run([*make_venv[:1], "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                    f"import offline_venv; offline_venv.link(__import__('pathlib').Path({str(venv)!r}), {extra!r})"],
+                   check=True)  # fmt: skip
+    install = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-build-isolation", "-e", ".[dev]"],
+                             cwd=project, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    python = str(venv / "bin" / "python")
+    where = subprocess.run([python, "-c", "import ddp_project; print(ddp_project.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)  # fmt: skip
+    assert where.stdout.strip() == str(project / "ddp_project" / "__init__.py"), where.stderr[-3000:]
+    print(f"README's first command: val_acc {final['val_acc']:.3f} in {trained:.0f} s; "
+          f"then pip install -e .[dev] in {time.monotonic() - started - trained:.0f} s")

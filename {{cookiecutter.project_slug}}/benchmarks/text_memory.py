@@ -7,10 +7,13 @@ For each size it makes one corpus of the Python standard library's sources repea
 twice over the same bytes: token files (`prepare tokens stdlib OUT --repeat N`) and a folder of N
 hard-linked copies of the sources (what data=text reads: its split numbers the files on, as --repeat
 does). Then one torchrun job (--standalone, CPU processes, gloo) per data set trains the tiny GPT for
-a fixed number of steps, and each rank reports, as it ends, its peak resident memory (VmHWM of
-/proc/self/status: the corpus read in for data=text; for data=tokens, only the pages of the maps
-its windows touched). samples/s is the job's, over all ranks, from metrics.jsonl, the first interval
-(start-up) left out; "job s" is the whole torchrun job, start-up and the corpus's reading included.
+a fixed number of steps (one epoch), and each rank reports its peaks over the run: resident memory
+(VmHWM of /proc/self/status), its own memory (Anonymous of /proc/self/smaps_rollup: the corpus read in,
+for data=text), its PSS, and the file pages of the token files resident in its maps (data=tokens: the
+pages its windows touched; the files dropped from the page cache first, so they are read from disk as
+on a node that did not prepare them), the last three sampled every 0.2 s. samples/s is the job's, over all
+ranks, from metrics.jsonl, the first interval (start-up) left out; "job s" is the whole torchrun job,
+start-up and the corpus's reading included.
 The files are removed at the end unless --keep.
 """
 
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +49,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=12, help="windows per process per step")
     parser.add_argument("--scratch", default=None, help="where the corpora go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the corpora")
+    parser.add_argument("--data", default="text,tokens", help="which data sets to run (text, tokens or both)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_known_args()[0]
 
@@ -57,10 +62,23 @@ def worker() -> None:
     run_dir = Path(next(item for item in overrides if item.startswith("hydra.run.dir=")).split("=", 1)[1])
     ending = train.exit_now
 
+    peaks = {"anonymous_kib": 0, "pss_kib": 0, "corpus_kib": 0}
+
+    def sample() -> None:  # over the whole run: the map is closed by the time the run ends
+        while True:
+            rollup = {line.split()[0]: int(line.split()[1]) for line in Path("/proc/self/smaps_rollup").read_text()
+                      .splitlines()[1:]}  # fmt: skip
+            for key, value in (("anonymous_kib", rollup["Anonymous:"]), ("pss_kib", rollup["Pss:"]),
+                               ("corpus_kib", corpus_resident_kib())):  # fmt: skip
+                peaks[key] = max(peaks[key], value)
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+
     def report_then_exit(code: int) -> None:
         status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-        peak_kib = int(status["VmHWM"].split()[0])
-        (run_dir / f"memory_rank_{os.environ['RANK']}.json").write_text(json.dumps({"peak_kib": peak_kib}))
+        figures = {"peak_kib": int(status["VmHWM"].split()[0]), **peaks}
+        (run_dir / f"memory_rank_{os.environ['RANK']}.json").write_text(json.dumps(figures))
         ending(code)
 
     train.exit_now = report_then_exit  # train.main ends through it: no interpreter teardown to wait for
@@ -68,7 +86,20 @@ def worker() -> None:
     train.main()
 
 
-def make_corpora(size_gb: float, scratch: Path) -> tuple[Path, Path, int]:
+def corpus_resident_kib() -> int:
+    """The resident pages of this process's maps of token files (*.bin): the corpus it holds in memory
+    as file pages (the page cache's, counted in a container's memory, and reclaimable)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and ":" not in head[0]:  # a mapping's first line
+            inside = head[-1].endswith(".bin")
+        elif inside and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+def make_corpora(size_gb: float, scratch: Path, copies_too: bool = True) -> tuple[Path, Path, int]:
     """The stdlib's sources repeated to `size_gb`: token files, and a folder of hard-linked copies."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     from {{cookiecutter.package_name}}.datasets import stdlib_sources
@@ -80,7 +111,8 @@ def make_corpora(size_gb: float, scratch: Path) -> tuple[Path, Path, int]:
                f"--repeat={repeat}", "--force"]  # fmt: skip
     subprocess.run(command, cwd=PROJECT_DIR, check=True, stdout=subprocess.DEVNULL)
     shutil.rmtree(copies, ignore_errors=True)
-    for copy in range(repeat):  # copy_000/... sorts before copy_001/...: the files in --repeat's order
+    # copy_000/... sorts before copy_001/...: the files in --repeat's order
+    for copy in range(repeat if copies_too else 0):
         for path in sources:
             target = copies / f"copy_{copy:03d}" / path.relative_to(stdlib)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -91,8 +123,23 @@ def make_corpora(size_gb: float, scratch: Path) -> tuple[Path, Path, int]:
     return tokens, copies, repeat
 
 
+def drop_from_page_cache(folder: Path) -> None:
+    """The folder's files out of the page cache (written back first): the job reads them from disk, as
+    on a node that did not prepare them, so what its ranks read shows in what they hold."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def run_job(data: str, root: Path, args: argparse.Namespace, run_dir: Path) -> dict:
     """One torchrun job on `data`; each rank's memory, the job's samples/s and its wall time."""
+    if data == "tokens":
+        drop_from_page_cache(root)
     overrides = ["task=language_model", f"data={data}", f"data.root={root}", f"data.batch_size={args.batch}",
                  f"data.train_samples={args.batch * args.nproc * args.steps}", "data.val_samples=48",
                  "model.layers=2", "model.width=64", "model.heads=2", "trainer.epochs=1",
@@ -121,24 +168,30 @@ def main() -> int:
     rows = []
     try:
         for size_gb in (float(size) for size in args.sizes.split(",")):
-            tokens, copies, repeat = make_corpora(size_gb, scratch)
+            tokens, copies, repeat = make_corpora(size_gb, scratch, "text" in args.data.split(","))
             meta = json.loads((tokens / "meta.json").read_text())
             corpus_bytes = meta["train_tokens"] + meta["val_tokens"]
             for data, root in (("text", copies), ("tokens", tokens)):
+                if data not in args.data.split(","):
+                    continue
                 row = run_job(data, root, args, scratch / f"run_{data}_{size_gb}GB")
                 rows.append({**row, "corpus_gb": corpus_bytes / GB, "repeat": repeat})
             if not args.keep:
                 for folder in (tokens, copies):
-                    shutil.rmtree(folder)
+                    shutil.rmtree(folder, ignore_errors=True)
     finally:
         if not args.keep and not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     print(f"tiny GPT (2 layers, width 64), {args.nproc} CPU processes, {args.steps} steps of {args.batch} windows "
-          "a process; each rank's peak resident memory (VmHWM)")  # fmt: skip
-    ranks = " ".join(f"{f'rank {rank} MiB':>10}" for rank in range(args.nproc))
+          "a process (one epoch); each rank's peaks over the run, in MiB: resident (VmHWM), its own memory "
+          "(anonymous), PSS, and the corpus's file pages resident in its maps (sampled every 0.2 s)")  # fmt: skip
+    ranks = " ".join(f"{f'rank {rank} peak/anon/pss/corpus':>28}" for rank in range(args.nproc))
     print(f"{'corpus GB':>9} {'data':<7} {ranks} {'samples/s':>10} {'job s':>6}")
     for row in rows:
-        ranks = " ".join(f"{rank['peak_kib'] / 1024:>10.0f}" for rank in row["ranks"])
+        ranks = " ".join(
+            f"{'/'.join(str(rank[key] // 1024) for key in ('peak_kib', 'anonymous_kib', 'pss_kib', 'corpus_kib')):>28}"
+            for rank in row["ranks"]
+        )
         print(f"{row['corpus_gb']:>9.2f} {row['data']:<7} {ranks} {row['samples_per_s']:>10.0f} {row['seconds']:>6.1f}")
     return 0
 

@@ -223,3 +223,32 @@ def test_the_token_files_reach_the_disk_before_the_folder_is_renamed_into_place(
     prepare_tokens(str(write_corpus(tmp_path / "corpus")), tmp_path / "tokens")
     assert {Path(path).name for path in synced} >= {"train.bin", "val.bin"}, synced
     assert all(Path(path).parent != tmp_path / "tokens" for path in synced), "while still in the hidden folder"
+
+
+def resident_kib(path: Path) -> int:
+    """The pages of `path`'s maps in this process that are resident (its Rss lines in /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and ":" not in head[0]:  # a mapping's first line: address range ... path
+            inside = head[-1] == str(path)
+        elif inside and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+def test_windows_read_only_their_own_pages_of_the_map(tmp_path: Path) -> None:
+    """A rank's windows bring in their own pages of the file and no more: no readahead around each page
+    fault (read_ahead_kb, 8 MiB on some disks), no neighbours mapped in with it. 64 windows spread over
+    a 16 MiB file, read from disk (the page cache dropped first), leave a few hundred KiB resident."""
+    path = tmp_path / "train.bin"
+    with open(path, "wb") as file:
+        file.write(np.random.default_rng(0).integers(0, 256, 2**24, dtype=np.uint8).tobytes())
+        file.flush()
+        os.fsync(file.fileno())  # clean pages: fadvise can drop them
+        os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    dataset = tokens_module.TokenWindows(path, 2**24, "uint8", block_size=256, samples=64, random_offsets=False)
+    for index in range(64):
+        dataset[index]
+    page_kib = os.sysconf("SC_PAGESIZE") // 1024
+    assert 0 < resident_kib(path) <= 64 * 2 * page_kib, "at most the two pages each window spans"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,14 @@ from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER, STOPPED_MARKER
 from {{cookiecutter.package_name}}.config import TrainerConfig, to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
 from {{cookiecutter.package_name}}.engine.distributed.process_group import weights_fingerprint
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.engine.strategies import Strategy
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner, optimizer_steps
 from {{cookiecutter.package_name}}.tasks import Classification
 
-from ..helpers import CPU, assert_same, compose_config, on_ranks, train_stop_resume, trainer
+from ..helpers import CPU, TINY, assert_same, compose_config, on_ranks, train_stop_resume, trainer
 
 
 def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:
@@ -84,16 +86,78 @@ def test_resnet50_a_default_model_choice_trains_and_resumes_bit_exactly(tmp_path
     assert int(ends["resumed"]["bn1.num_batches_tracked"]) == 6 and ends["resumed"]["fc.weight"].shape == (4, 2048)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_model_with_buffers_resumes_bit_exactly_on_two_ranks(tmp_path: Path, strategy: str) -> None:
-    """small_cnn's BatchNorm statistics: every rank holds rank 0's after each step (ddp broadcasts them
-    at the next forward, fsdp after the step), and a resume gives every rank rank 0's, not another's."""
-    ranks = on_ranks(2, train_stop_resume, tmp_path, [f"strategy={strategy}", "model=small_cnn"])
+def assert_resumed_on_two_ranks(ranks: list[dict]) -> None:
     ends = ranks[0]
     assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
     assert_same(ends["resumed"], ends["uninterrupted"], "the resumed run's weights and buffers")
-    if strategy == "fsdp":
-        assert_same(ranks[1]["resumed_buffers"], ends["resumed_buffers"], "rank 1's buffers (rank 0's)")
+
+
+def test_a_model_with_buffers_resumes_bit_exactly_on_two_ranks(tmp_path: Path) -> None:
+    """small_cnn's BatchNorm statistics under ddp: every rank holds rank 0's (ddp broadcasts them at the
+    next forward), and a resume gives every rank rank 0's, not another's. fsdp's: the test below."""
+    assert_resumed_on_two_ranks(on_ranks(2, train_stop_resume, tmp_path, ["strategy=ddp", "model=small_cnn"]))
+
+
+def continue_on_another_world_size(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict:
+    """train_stop_resume's two trainers on this world size, from a checkpoint of step 4 that another
+    world size saved: what every rank holds once it has resumed, the samples each run trained on, both
+    ends. The first saves step 5 (every_n_steps=5), so the second resumes from this world size's."""
+    config = to_train_config(compose_config([*TINY, "data.train_size=96", "data.batch_size=8",
+                                             "checkpoint.every_n_steps=5", *overrides]))  # fmt: skip
+    ends: dict = {"samples": {}}
+    audit = run_dir / "logs" / f"samples_rank_{env.rank}.jsonl"
+    for name in ("uninterrupted", "resumed"):
+        trained = build_trainer(config, env, run_dir)
+        if name == "uninterrupted":  # every rank, before any step: the checkpoint's tensors
+            ends["loaded_buffers"] = {key: buffer.clone() for key, buffer in trained.model.named_buffers()}
+            ends["loaded"] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}
+        done = len(audit.read_text().splitlines()) if audit.exists() else 0
+        stop = StopOnSigterm()
+        try:
+            trained.train_epoch(stop)
+        finally:
+            stop.close()
+        trained.checkpoints.wait()
+        ends["samples"][name] = [json.loads(line) for line in audit.read_text().splitlines()[done:]]
+        ends[name] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}
+        ends[f"{name}_step"] = trained.state.step
+    return ends
+
+
+def test_a_model_with_buffers_resumes_under_fsdp_on_another_world_size_bit_exactly_each_sample_once(
+    tmp_path: Path,
+) -> None:
+    """small_cnn's BatchNorm statistics under fsdp: on 2 ranks as ddp's above; saved by 2 ranks at step 4
+    and resumed on 3 (docs/checkpoints.md, "Buffers"), every rank starts from the checkpoint's weights and
+    buffers, bit for bit; the epoch's samples are each trained on once, before the change and after; and
+    a 3-rank run killed after its own checkpoint (step 5) ends bit-identical to the uninterrupted one."""
+    job = ["strategy=fsdp", "model=small_cnn", "trainer.record_samples=true"]
+    two, three = tmp_path / "two", tmp_path / "three"
+    (two / "logs").mkdir(parents=True)
+    before = on_ranks(2, train_stop_resume, two, job)  # fsdp gives rank 0's buffers after each step
+    assert_resumed_on_two_ranks(before)
+    assert_same(before[1]["resumed_buffers"], before[0]["resumed_buffers"], "rank 1's buffers (rank 0's)")
+    (three / "checkpoints").mkdir(parents=True)
+    shutil.copytree(two / "checkpoints" / "step_00000004", three / "checkpoints" / "step_00000004")
+    (three / "logs").mkdir()
+    ranks = on_ranks(3, continue_on_another_world_size, three, job)
+    saved = read_whole(three / "checkpoints" / "step_00000004")["model"]
+    assert_same(ranks[0]["loaded"], saved, "rank 0's weights and buffers once resumed on 3")
+    buffers = {key: saved[key] for key in ranks[0]["loaded_buffers"]}
+    for rank in ranks:
+        assert_same(rank["loaded_buffers"], buffers, "every rank's buffers once resumed on 3")
+    audit = [json.loads(line) for rank in range(2) for line in
+             (two / "logs" / f"samples_rank_{rank}.jsonl").read_text().splitlines()]  # fmt: skip
+    first = [index for record in audit if record["step"] <= 4 for index in record["indices"]]
+    after = [index for rank in ranks for record in rank["samples"]["uninterrupted"] for index in record["indices"]]
+    assert sorted(first + after) == list(range(96)), "each sample of the epoch exactly once"
+    redone = [record for rank in ranks for record in rank["samples"]["resumed"]]
+    again = [record for rank in ranks for record in rank["samples"]["uninterrupted"] if record["step"] == 6]
+    assert {record["step"] for record in redone} == {6} and redone == again, "step 6 again, the same samples"
+    ends = ranks[0]
+    assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
+    assert_same(ends["resumed"], ends["uninterrupted"], "the resumed 3-rank run's weights and buffers")
+    assert not any(torch.equal(ends["resumed"][key], buffers[key]) for key in buffers), "trained on 3"
 
 
 def test_fit_trains_validates_and_checkpoints_every_epoch_then_says_it_has_finished(tmp_path: Path, caplog) -> None:

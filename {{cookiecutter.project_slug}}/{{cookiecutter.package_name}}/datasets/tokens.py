@@ -18,6 +18,7 @@ import fcntl
 import glob
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import uuid
@@ -208,17 +209,24 @@ class TokenWindows(TextWindows):
             raise ConfigError(f"data.block_size={block_size} is longer than {path} of {length} tokens")
         self.path, self.length, self.dtype = path, length, dtype
         self.block_size, self.samples, self.random_offsets = block_size, samples, random_offsets
+        self.map: mmap.mmap | None = None
         self.mapped: torch.Tensor | None = None
         self.prepared: dict[str, str] | None = None  # {"root", "id"} of the folder: token_windows sets it
 
     @property
     def data(self) -> torch.Tensor:  # type: ignore[override]
-        if self.mapped is None:  # shared=False: a private, read-only use of the file; nothing is written back
-            self.mapped = torch.from_file(str(self.path), shared=False, size=self.length, dtype=DTYPES[self.dtype])
+        if self.mapped is None:
+            with open(self.path, "rb") as file:  # ACCESS_COPY: a private map; nothing is ever written back
+                self.map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+            # Windows are drawn at random: without this, each page fault reads the disk's read_ahead_kb
+            # around it (8 MiB on some machines) and maps its neighbours in, and an epoch of a few MB of
+            # windows leaves most of a large file resident in the rank (docs/data_at_scale.md).
+            self.map.madvise(mmap.MADV_RANDOM)
+            self.mapped = torch.frombuffer(self.map, dtype=DTYPES[self.dtype], count=self.length)
         return self.mapped
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "mapped": None}
+        return {**self.__dict__, "mapped": None, "map": None}
 
 
 def read_meta(root: str) -> dict[str, Any]:

@@ -3,6 +3,8 @@ the unsafe advice (the writer that prunes and sets files aside: test_writer.py).
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 from pathlib import Path
 
@@ -12,8 +14,11 @@ import torch
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.engine.checkpoint.files import (
     NotACheckpoint,
+    best_checkpoint,
     load_checkpoint,
+    owner_id,
     remove,
+    to_cpu,
     write_atomically,
     write_text_atomically,
 )
@@ -60,3 +65,29 @@ def test_a_file_is_on_the_disk_before_its_name_and_its_name_before_the_next_step
     synced.clear()
     write_text_atomically("[]", tmp_path / "best.json")
     assert synced == [str(tmp_path / f".tmp_best.json.{os.getpid()}")]
+
+
+def test_to_cpu_copies_every_tensor_of_nested_lists_tuples_and_dicts(tmp_path: Path) -> None:
+    live = torch.ones(3)
+    state = {"groups": [{"params": [0, 1]}], "pair": (live, 2), "steps": [live]}
+    copied = to_cpu(state)
+    live.add_(1)  # training goes on while the copy is written: the copy keeps the step's values
+    assert copied["groups"] == [{"params": [0, 1]}] and isinstance(copied["pair"], tuple)
+    assert torch.equal(copied["pair"][0], torch.ones(3)) and torch.equal(copied["steps"][0], torch.ones(3))
+
+
+def test_a_run_dir_is_named_relative_to_the_working_dir_below_it_else_absolute(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert owner_id(tmp_path / "outputs" / "run") == os.path.join("outputs", "run")
+    assert owner_id(Path("/elsewhere/run")) == "/elsewhere/run"
+
+
+def test_a_bare_best_is_the_newest_runs_best_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for number, run in enumerate(("older", "newer", "oldest")):
+        folder = tmp_path / "outputs" / run / "checkpoints"
+        folder.mkdir(parents=True)
+        (folder / "step_00000004.pt").write_bytes(b"")
+        (folder / "best.json").write_text(json.dumps({"best": ["step_00000004.pt"]}))
+        os.utime(folder / "best.json", (1000 + number, [1000, 3000, 500][number]))
+    assert best_checkpoint(Path("best")) == Path("outputs/newer/checkpoints/step_00000004.pt")
