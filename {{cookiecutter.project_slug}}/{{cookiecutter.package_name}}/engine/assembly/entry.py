@@ -45,7 +45,7 @@ from ..strategies import strategy_class
 from .build import build_trainer
 from .checks import check_components, check_launch
 from .compatibility import check_same_config_everywhere
-from .components import build_model, build_task
+from .components import build_model, build_task, import_targets
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,8 @@ def run_train(cfg: DictConfig) -> None:
         if local_rank == 0 or not os.environ.get(CONTROL_DIR_ENV):  # under the launcher: once a node
             stand_in = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, None)  # type: ignore[arg-type]
             check_launch(config, run_dir, stand_in, choice)
+        else:  # while this node's local rank 0 checks: its imports, not after the group formed
+            import_targets([config.model, config.data.dataset, config.task, config.optim, config.data.collate])
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
         group_of_one = strategy_class(config.strategy).needs_group_of_one
         on_refused = (lambda line: refuse(ConfigError(line), tell=False)) if os.environ.get(CONTROL_DIR_ENV) else None
