@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import default_collate
@@ -34,8 +35,11 @@ from ..strategies import build_strategy
 from .components import build_datasets, build_model, build_optimizer, build_task, describe
 
 
-def check_launch(config: TrainConfig, run_dir: Path | None, env: DistEnv, choice: BackendChoice) -> torch.nn.Module:
-    """Every check above, for a job of `env`'s shape on this node's devices; the model, as built."""
+def check_launch(
+    config: TrainConfig, run_dir: Path | None, env: DistEnv, choice: BackendChoice, plain: dict[str, Any] | None = None
+) -> torch.nn.Module:
+    """Every check above, for a job of `env`'s shape on this node's devices; the model, as built.
+    `plain`: the config as to_plain_dict gives it, where the caller has it already."""
     build_strategy(config, env).check(choice.use_cuda)
     check_sinks(config.log)
     model = check_components(config)
@@ -45,7 +49,7 @@ def check_launch(config: TrainConfig, run_dir: Path | None, env: DistEnv, choice
     checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False, fetches=True)
     checkpoints.check_owner(run_dir)  # checkpoint.dir: another run's is refused (writer.py)
     checkpoints.refuse_to_overwrite()
-    check_resume(checkpoints.find_resume_payload(), to_plain_dict(config), config.trainer.epochs)
+    check_resume(checkpoints.find_resume_payload(), plain or to_plain_dict(config), config.trainer.epochs)
     return model
 
 

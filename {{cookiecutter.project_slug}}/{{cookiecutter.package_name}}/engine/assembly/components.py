@@ -8,6 +8,7 @@ arguments, something of the wrong kind returned) becomes one ConfigError line na
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,6 +51,18 @@ def target_of(node: Mapping[str, Any], key: str) -> Callable[..., Any]:
     if not callable(found):
         raise ConfigError(f"{key}._target_={target} is not callable: name a class or a function")
     return found
+
+
+def import_targets(nodes: list[Any]) -> None:
+    """Import the modules that these nodes' `_target_`s come from (torchvision, a user's model), and
+    say nothing of those that fail: the checking rank says that. What a rank that does not check runs
+    while the one that does works, so that no rank imports them only once the group has formed, with
+    every other rank waiting for it at the first collective (docs/speed.md)."""
+    for node in nodes:
+        target = node.get("_target_") if isinstance(node, Mapping) else None
+        if isinstance(target, str) and target:
+            with contextlib.suppress(Exception):
+                locate(target)
 
 
 def build(node: Mapping[str, Any], key: str, *args: Any) -> Any:

@@ -45,7 +45,7 @@ from ..strategies import strategy_class
 from .build import build_trainer
 from .checks import check_components, check_launch
 from .compatibility import check_same_config_everywhere
-from .components import build_model, build_task
+from .components import build_model, build_task, import_targets
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +125,19 @@ def run_train(cfg: DictConfig) -> None:
         config = to_train_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         rank, local_rank, world_size, local_world_size, choice = process_env(config.dist)  # a backend that cannot work
+        plain = to_plain_dict(config)  # what the checks and the other ranks compare (built once: it is slow)
         if local_rank == 0 or not os.environ.get(CONTROL_DIR_ENV):  # under the launcher: once a node
             stand_in = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, None)  # type: ignore[arg-type]
-            check_launch(config, run_dir, stand_in, choice)
+            check_launch(config, run_dir, stand_in, choice, plain)
+        else:  # while this node's local rank 0 checks: its imports, not after the group formed
+            import_targets([config.model, config.data.dataset, config.task, config.optim, config.data.collate])
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
         group_of_one = strategy_class(config.strategy).needs_group_of_one
         on_refused = (lambda line: refuse(ConfigError(line), tell=False)) if os.environ.get(CONTROL_DIR_ENV) else None
         with distributed(config.dist, group_of_one, on_refused) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)
-            check_same_config_everywhere(to_plain_dict(config), env)
+            check_same_config_everywhere(plain, env)
             if env.is_main:
                 write_hydra_record(run_dir, cfg, HydraConfig.get())
             result = build_trainer(config, env, run_dir).fit()

@@ -142,6 +142,9 @@ def distributed(
                 # Binding the device lets NCCL create its communicator eagerly and skip a guess.
                 device_id=device if choice.backend == "nccl" else None,
             )
+        # What exists by now (the imports: torch's whole heap) is set aside from the collector, so that
+        # the collection before the group goes walks only what the run made (docs/speed.md).
+        gc.freeze()
     env = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, device)
     try:
         if choice.shared_gpus and env.is_main:
@@ -157,6 +160,7 @@ def distributed(
             # exists, since a reducer destroyed after it can abort the process at exit.
             gc.collect()
             dist.destroy_process_group()
+        gc.unfreeze()
 
 
 def is_distributed() -> bool:

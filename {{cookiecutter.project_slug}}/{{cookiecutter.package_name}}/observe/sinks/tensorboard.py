@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,34 @@ class TensorBoardLog:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.writer: Any = None
+        self._starting: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def start(self, resumed_step: int, metrics_path: Path, plain_config: dict[str, Any], own_checkpoint: bool) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        # In the background: tensorboard's import takes rank 0 most of a second, which every other rank
+        # would wait for at the first collective; it overlaps the first step instead (docs/speed.md).
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._starting = threading.Thread(target=self._open, args=(resumed_step,), name="tensorboard", daemon=True)
+        self._starting.start()
 
-        # purge_step: a resumed run drops the events of the steps it is about to redo.
-        self.writer = SummaryWriter(log_dir=str(self.folder), purge_step=resumed_step + 1)
+    def _open(self, resumed_step: int) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: a resumed run drops the events of the steps it is about to redo.
+            self.writer = SummaryWriter(log_dir=str(self.folder), purge_step=resumed_step + 1)
+        except BaseException as error:  # raised where the writer is first used
+            self._error = error
+
+    def _started(self) -> None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        if self._error is not None:
+            raise self._error
 
     def write(self, kind: str, values: dict[str, Any]) -> None:
+        self._started()
         for key, value in values.items():
             tag = metric_name(key)
             if tag is not None:
@@ -31,6 +52,7 @@ class TensorBoardLog:
         self.writer.flush()
 
     def close(self) -> None:
+        self._started()
         if self.writer is not None:
             self.writer.close()
 
