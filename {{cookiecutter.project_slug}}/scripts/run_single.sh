@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train on this machine with torchrun: one process per visible GPU (2 on a machine without one).
+# Train on this machine with torchrun: one process per visible GPU (without one: one process, a thread per core).
 #
 #   bash scripts/run_single.sh [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags ...]
 #   bash scripts/run_single.sh --help                                 # the keys and their defaults

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from {{cookiecutter.package_name}}.common.run_dir import STORE_ADDRESS_ENV
+from {{cookiecutter.package_name}}.launch import plan as plan_module
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
-from {{cookiecutter.package_name}}.launch.plan import debug_dir_environment, plan, worker_environment
+from {{cookiecutter.package_name}}.launch.plan import cpu_cores, debug_dir_environment, plan, worker_environment
 from {{cookiecutter.package_name}}.observe.hangs import DEBUG_DIR_ENV, debug_dir
 
 from ..helpers import planned
@@ -27,6 +28,29 @@ def test_workers_get_one_thread_exact_mkl_and_a_shutdown_grace_for_the_checkpoin
     assert launch.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "115"
     assert worker_environment({}) == {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AUTO,STRICT"}
     assert worker_environment({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"
+
+
+def test_on_cpus_one_process_gets_every_core_and_processes_asked_for_share_them(monkeypatch) -> None:
+    assert cpu_cores() == len(os.sched_getaffinity(0)), "the cores this launch may run on"
+    monkeypatch.setattr(plan_module, "cpu_cores", lambda: 8)
+    chosen = planned("single")  # no GPU (planned hides them), no count asked for: one process, every core
+    assert chosen.nproc == 1 and "--nproc-per-node=1" in chosen.torchrun_args
+    assert chosen.values["NPROC_PER_NODE"] == "1" and chosen.env["OMP_NUM_THREADS"] == "8"
+    for asked in (planned("single", "NPROC_PER_NODE=2"), planned("single", environ={"NPROC_PER_NODE": "2"})):
+        assert asked.nproc == 2 and "--nproc-per-node=2" in asked.torchrun_args, "a user who asks gets them"
+        assert asked.env["OMP_NUM_THREADS"] == "4", "the cores split among the processes"
+    assert planned("single", "NPROC_PER_NODE=16").env["OMP_NUM_THREADS"] == "1", "at least one each"
+    assert planned("single", environ={"OMP_NUM_THREADS": "3"}).env["OMP_NUM_THREADS"] == "3", "the user's own"
+    checked = planned("comm")  # a communication check needs two processes
+    assert checked.nproc == 2 and checked.env["OMP_NUM_THREADS"] == "4"
+
+
+def test_with_gpus_one_process_per_gpu_of_one_thread(monkeypatch) -> None:
+    monkeypatch.setattr(plan_module, "cpu_cores", lambda: 8)
+    visible = planned("single", environ={"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    assert visible.nproc == 3 and visible.env["OMP_NUM_THREADS"] == "1"
+    listed = planned("single", "GPUS=4,5")
+    assert listed.nproc == 2 and listed.env["OMP_NUM_THREADS"] == "1" and listed.env["CUDA_VISIBLE_DEVICES"] == "4,5"
 
 
 @pytest.mark.parametrize(("preset", "expected"), [(None, "AUTO,STRICT"), ("COMPATIBLE", "COMPATIBLE")])

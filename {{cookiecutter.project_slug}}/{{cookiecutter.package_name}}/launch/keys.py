@@ -25,7 +25,7 @@ class Key:
 
 
 KEYS = (
-    Key("NPROC_PER_NODE", "", "processes on this machine (default: the visible GPUs, or 2 without one)",
+    Key("NPROC_PER_NODE", "", "processes on this machine (default: the visible GPUs; on CPUs 1, 2 in multi and comm)",
         env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE"), modes=("single", "multi", "comm", "k8s")),
     Key("GPUS", "", "the GPUs to use, e.g. GPUS=0,1,2,3: CUDA_VISIBLE_DEVICES, and one process per listed GPU"),
     Key("MAX_RESTARTS", "3", "times torchrun restarts failed workers; they resume from the newest checkpoint",

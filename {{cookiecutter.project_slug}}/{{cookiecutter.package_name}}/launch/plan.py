@@ -39,13 +39,33 @@ def check_gpus(values: dict[str, str]) -> tuple[int | None, dict[str, str]]:
     return len(listed), {"CUDA_VISIBLE_DEVICES": gpus}
 
 
-def worker_environment(environ: dict[str, str]) -> dict[str, str]:
-    """What the launch sets for the workers, unless the user set it: one thread per process (they
-    share the cores), and MKL_CBWR: Intel MKL may give a matrix product other low bits when its
+def worker_environment(environ: dict[str, str], threads: int = 1) -> dict[str, str]:
+    """What the launch sets for the workers, unless the user set it: `threads` per process (see
+    cpu_threads), and MKL_CBWR: Intel MKL may give a matrix product other low bits when its
     operands lie at other memory alignments, and a restarted worker lays them out anew; STRICT
     makes CPU results depend on the inputs only, which bit-exact resume on CPUs needs."""
-    defaults = {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AUTO,STRICT"}
+    defaults = {"OMP_NUM_THREADS": str(threads), "MKL_CBWR": "AUTO,STRICT"}
     return {name: environ.get(name) or value for name, value in defaults.items()}
+
+
+def cpu_cores() -> int:
+    """The cores this launch may run on: its affinity (a cpuset or taskset leaves fewer than the machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_processes(mode: str, gpus: int) -> int:
+    """Processes on this node when NPROC_PER_NODE is not given: one per GPU; on CPUs, one for a job
+    on one machine, whose threads share the cores (cpu_threads), or 2 for the other modes (a
+    communication check needs two; nodes of a CPU cluster keep what they had)."""
+    return gpus or (1 if mode == "single" else 2)
+
+
+def cpu_threads(nproc: int, gpus: int) -> int:
+    """Threads per process. On CPUs the cores are split among the processes: one process with a
+    thread per core multiplies a small model's matrices faster than processes of one thread each,
+    which also pay for the all-reduce (docs/language_model.md#measured). With GPUs, one: the
+    GPUs compute, and the cores are the data loaders'."""
+    return 1 if gpus else max(1, cpu_cores() // nproc)
 
 
 def debug_environment(environ: dict[str, str]) -> dict[str, str]:
@@ -81,13 +101,15 @@ def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str
     """Check the keys and build torchrun's arguments (nothing is started, nothing written)."""
     values = resolve_keys(args.keys, mode, environ, cluster)
     gpus, gpu_env = check_gpus(values)
-    if not values["NPROC_PER_NODE"]:
-        values["NPROC_PER_NODE"] = str(gpus if gpus is not None else (visible_gpu_count() or 2))
+    devices = gpus if gpus is not None else visible_gpu_count(environ)
+    if not values["NPROC_PER_NODE"]:  # the user's count, when given, is what runs
+        values["NPROC_PER_NODE"] = str(default_processes(mode, devices))
     nproc = whole_number(values, "NPROC_PER_NODE", 1)
     max_restarts = whole_number(values, "MAX_RESTARTS", 0) if "MAX_RESTARTS" in values else 0  # comm: never
     shutdown = whole_number(values, "SHUTDOWN_TIMEOUT_S", 0)
     launch = Launch(mode, values, nproc, gpus)
-    launch.env = {**worker_environment(environ), **gpu_env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown)}
+    threads = cpu_threads(nproc, devices)
+    launch.env = {**worker_environment(environ, threads), **gpu_env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown)}
     if values.get("DEBUG", "0") not in ("0", "1"):
         raise LaunchError(f"DEBUG={values['DEBUG']}: give DEBUG=1 (diagnose a hang) or DEBUG=0")
     if values.get("DEBUG") == "1":
