@@ -268,8 +268,8 @@ def test_readme_first_command_bakes_the_demo_and_trains_it_to_what_the_readme_sa
     (shims / "python3").chmod(0o755)
     outer_bin = str(Path(sys.executable).parent)
     path = [entry for entry in os.environ["PATH"].split(os.pathsep) if entry != outer_bin]  # not this venv's
-    env = {**os.environ, "PATH": os.pathsep.join([str(shims), *path]), "PIP_NO_INDEX": "1"}  # the launcher picks the threads, as for a user
-    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PIP_FIND_LINKS", "PIP_CONSTRAINT"):
+    env = {**os.environ, "PATH": os.pathsep.join([str(shims), *path]), "PIP_NO_INDEX": "1"}
+    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PIP_FIND_LINKS", "PIP_CONSTRAINT", "OMP_NUM_THREADS"):  # as a user's
         env.pop(name, None)
     started = time.monotonic()
     proc = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
