@@ -1,6 +1,7 @@
 """The package's shape (docs/layout.md): its layers as pyproject.toml's import-linter contracts say,
-no import cycle, no module over 300 lines (but the training loop's), no Jinja left in a module; and
-tests/ as its mirror, each module's unit test file at the module's path."""
+no import cycle, a top level of the entry points and the user's files only, no module over 300 lines
+(but the training loop's), no Jinja left in a module; and tests/ as its mirror, each module's unit
+test file at the module's path."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ PACKAGE = PROJECT / "{{cookiecutter.package_name}}"
 TESTS = PROJECT / "tests"
 MOST_LINES = 300
 LONGER = {"{{cookiecutter.package_name}}.engine.trainer"}  # the loop and its step, read in one sitting (docs/layout.md)
+# The top level: the entry points and the user's files; the machinery is in folders named after their layer.
+ENTRY_POINTS = {"train", "eval", "export", "predict", "generate", "comm_check"}
+USERS_FILES = {"models", "tasks", "augment", "callbacks"}
 
 
 def modules() -> dict[str, Path]:
@@ -68,6 +72,12 @@ def test_no_import_cycle() -> None:
             if node not in seen:
                 seen.add(node)
                 frontier.extend(graph[node])
+
+
+def test_the_top_level_holds_the_entry_points_and_the_users_files_only() -> None:
+    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert top <= ENTRY_POINTS | USERS_FILES, f"put {sorted(top - ENTRY_POINTS - USERS_FILES)} in its layer's folder"
+    assert len(top) <= 10
 
 
 def test_no_module_is_over_300_lines_or_holds_jinja() -> None:
