@@ -1,9 +1,10 @@
 """launch/plan.py: what torchrun is given and what the workers' environment holds (threads, MKL,
-loopback, DEBUG=1's switches)."""
+loopback, DEBUG=1's switches, the rendezvous of many nodes and the keys' bounds)."""
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,19 @@ def test_workers_get_one_thread_exact_mkl_and_a_shutdown_grace_for_the_checkpoin
 
 
 def test_on_cpus_one_process_gets_every_core_and_processes_asked_for_share_them(monkeypatch) -> None:
-    assert cpu_cores() == len(os.sched_getaffinity(0)), "the cores this launch may run on"
+    every = os.sched_getaffinity(0)
+    assert cpu_cores() == len(every), "the cores this launch may run on"
+    os.sched_setaffinity(0, {min(every)})  # as taskset or a cpuset leaves it
+    try:
+        assert cpu_cores() == 1
+    finally:
+        os.sched_setaffinity(0, every)
+    with monkeypatch.context() as elsewhere:  # a system without affinities: the machine's count, or 1
+        elsewhere.delattr(os, "sched_getaffinity")
+        elsewhere.setattr(os, "cpu_count", lambda: 6)
+        assert cpu_cores() == 6
+        elsewhere.setattr(os, "cpu_count", lambda: None)
+        assert cpu_cores() == 1
     monkeypatch.setattr(plan_module, "cpu_cores", lambda: 8)
     chosen = planned("single")  # no GPU (planned hides them), no count asked for: one process, every core
     assert chosen.nproc == 1 and "--nproc-per-node=1" in chosen.torchrun_args
@@ -61,9 +74,12 @@ def test_launches_give_workers_alignment_independent_mkl_results(preset: str | N
     assert worker_environment(env)["MKL_CBWR"] == expected
 
 
-def test_a_job_on_one_node_listens_on_loopback_only() -> None:
+def test_a_job_on_one_node_listens_on_loopback_only(monkeypatch) -> None:
     single = planned("single", "NPROC_PER_NODE=2")
     assert single.env[STORE_ADDRESS_ENV] == "127.0.0.1" and single.env["GLOO_SOCKET_IFNAME"] == "lo"
+    with monkeypatch.context() as no_ip_command:  # `ip` missing: Linux's name for loopback
+        no_ip_command.setattr(plan_module, "interface_of", lambda address: None)
+        assert planned("single").env["NCCL_SOCKET_IFNAME"] == "lo"
     assert planned("single", environ={"GLOO_SOCKET_IFNAME": "eth1"}).env["GLOO_SOCKET_IFNAME"] == "eth1", "the user's"
     multi = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "LOCAL_ADDR=127.0.0.1")
     assert multi.env[STORE_ADDRESS_ENV] == "127.0.0.1", "many nodes: the node's own address, when given"
@@ -74,6 +90,7 @@ def test_debug_1_gives_the_workers_the_switches_and_leaves_the_users_own(monkeyp
     launch = plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {"NCCL_DEBUG": "TRACE"}, {})
     assert launch.env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and launch.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert launch.env["NCCL_DEBUG"] == "TRACE", "a value the user set wins"
+    assert plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {}, {}).env["NCCL_DEBUG"] == "INFO"
     # NCCL's flight recorder keeps each rank's last 2000 collectives, under the name this torch reads (2.11 renamed it)
     assert launch.env["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in launch.env
     import importlib.metadata
@@ -81,11 +98,69 @@ def test_debug_1_gives_the_workers_the_switches_and_leaves_the_users_own(monkeyp
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.10.1+cpu")
     older = plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {}, {}).env
     assert older["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and "TORCH_FR_BUFFER_SIZE" not in older
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.11.0")
+    assert "TORCH_FR_BUFFER_SIZE" in plan("single", parse_args(["DEBUG=1", "NPROC_PER_NODE=1"], "single"), {}, {}).env
     monkeypatch.undo()
     assert "TORCH_DISTRIBUTED_DEBUG" not in plan("single", parse_args(["NPROC_PER_NODE=1"], "single"), {}, {}).env
     with pytest.raises(LaunchError, match="DEBUG=yes: give DEBUG=1"):
         plan("single", parse_args(["DEBUG=yes", "NPROC_PER_NODE=1"], "single"), {}, {})
     files = debug_dir_environment(tmp_path / "debug", {})  # known once the run dir is: in train()
     assert files["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{tmp_path}/debug/nccl_trace_rank_"
+    assert files["NCCL_DEBUG_FILE"] == f"{tmp_path}/debug/nccl_%h_%p.log"
+    assert debug_dir_environment(tmp_path, {"NCCL_DEBUG_FILE": "/mine.log"})["NCCL_DEBUG_FILE"] == "/mine.log"
     monkeypatch.setenv(DEBUG_DIR_ENV, files[DEBUG_DIR_ENV])
     assert debug_dir() == tmp_path / "debug"
+
+
+def test_a_node_of_a_job_of_fixed_size_gets_torchruns_rendezvous_and_a_run_named_after_it() -> None:
+    node = planned("multi", "NODE_RANK=1", "NNODES=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=65535")
+    assert node.torchrun_args[-4:] == ["--nnodes=3", "--node-rank=1", "--master-addr=127.0.0.1", "--master-port=65535"]
+    assert node.values["RUN_NAME"] == "multi_127.0.0.1_65535", "the same run dir on every node, untyped"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in node.env
+    named = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "RUN_NAME=Run 1/a.b-c_d")
+    assert named.values["RUN_NAME"] == "Run_1_a.b-c_d", "a name one folder can have"
+    first = planned("multi", "NODE_RANK=0")  # node 0 without MASTER_ADDR: its own name
+    assert first.values["MASTER_ADDR"] == socket.gethostname()
+    assert f"--master-addr={socket.gethostname()}" in first.torchrun_args
+
+
+def test_an_elastic_job_meets_at_node_zeros_c10d_rendezvous_with_a_fresh_store_each_round() -> None:
+    host = planned("multi", "NODE_RANK=0", "NNODES=1:3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29400",
+                   "RDZV_LAST_CALL_S=0")  # fmt: skip
+    assert host.torchrun_args[-5:] == [
+        "--nnodes=1:3", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=multi_127.0.0.1_29400",
+        "--rdzv-conf=is_host=1,last_call_timeout=0",
+    ]  # fmt: skip
+    assert host.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    other = planned("multi", "NODE_RANK=2", "NNODES=3:3", "MASTER_ADDR=127.0.0.1", "RDZV_LAST_CALL_S=7")
+    assert other.torchrun_args[-1] == "--rdzv-conf=is_host=0,last_call_timeout=7"
+
+
+def test_a_nodes_own_address_is_where_its_stores_listen_and_names_gloos_and_ncclss_interface(monkeypatch) -> None:
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")  # the user's own wins
+    node = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "LOCAL_ADDR=127.0.0.1")
+    assert "--local-addr=127.0.0.1" in node.torchrun_args
+    assert node.env["GLOO_SOCKET_IFNAME"] == "lo" and node.env["NCCL_SOCKET_IFNAME"] == "ib0"
+
+
+@pytest.mark.parametrize(("keys", "error"), [
+    ([], "NODE_RANK is required: NODE_RANK=0 on the first node, 1, 2, ... on the others"),
+    (["NODE_RANK=0", "MASTER_PORT=65536"], "MASTER_PORT=65536 is outside 1..65535"),
+    (["NODE_RANK=0", "NNODES=0:2"], "NNODES=0:2: MIN must be at least 1"),
+    (["NODE_RANK=0", "NNODES=3:2"], "NNODES=3:2: MIN is larger than MAX; give NNODES=MIN:MAX with MIN <= MAX"),
+    (["NODE_RANK=0", "WAIT_FOR_NODES_S=0"], "WAIT_FOR_NODES_S=0 must be at least 1"),
+    (["NODE_RANK=0", "MASTER_ADDR=nowhere.invalid"], "MASTER_ADDR=nowhere.invalid does not resolve on this machine: "
+     "give node 0's address as every node can reach it (an IP address, or a name in DNS or /etc/hosts)"),
+])  # fmt: skip
+def test_many_nodes_keys_outside_their_bounds_are_refused_in_one_line(keys: list[str], error: str) -> None:
+    address = [] if any(key.startswith("MASTER_ADDR=") for key in keys) else ["MASTER_ADDR=127.0.0.1"]
+    with pytest.raises(LaunchError) as refused:
+        planned("multi", *keys, *address)
+    assert str(refused.value) == error
+
+
+def test_many_nodes_keys_at_their_bounds_are_taken() -> None:
+    launch = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "NNODES=1:1",
+                     "WAIT_FOR_MASTER_S=0", "WAIT_FOR_NODES_S=1", "RDZV_LAST_CALL_S=0")  # fmt: skip
+    assert launch.torchrun_args[-1] == "--rdzv-conf=is_host=1,last_call_timeout=0"
