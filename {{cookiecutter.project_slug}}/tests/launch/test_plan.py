@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,13 @@ import pytest
 from {{cookiecutter.package_name}}.common.run_dir import STORE_ADDRESS_ENV
 from {{cookiecutter.package_name}}.launch import plan as plan_module
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
-from {{cookiecutter.package_name}}.launch.plan import cpu_cores, debug_dir_environment, plan, worker_environment
+from {{cookiecutter.package_name}}.launch.plan import (
+    cpu_cores,
+    debug_dir_environment,
+    interface_of,
+    plan,
+    worker_environment,
+)
 from {{cookiecutter.package_name}}.observe.hangs import DEBUG_DIR_ENV, debug_dir
 
 from ..helpers import planned
@@ -164,3 +171,15 @@ def test_many_nodes_keys_at_their_bounds_are_taken() -> None:
     launch = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "NNODES=1:1",
                      "WAIT_FOR_MASTER_S=0", "WAIT_FOR_NODES_S=1", "RDZV_LAST_CALL_S=0")  # fmt: skip
     assert launch.torchrun_args[-1] == "--rdzv-conf=is_host=1,last_call_timeout=0"
+
+
+def test_an_address_is_found_on_its_own_interface_and_nowhere_else(monkeypatch) -> None:
+    listing = (  # `ip -o -4 addr show`, with a short line and an interface of no options
+        "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever\n"
+        "4: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever\n"
+        "5: odd inet\n"
+        "6: wg0 inet 10.9.9.9/32\n"
+    )
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0, listing, ""))
+    assert [interface_of(address) for address in ("192.0.2.2", "127.0.0.1", "10.9.9.9")] == ["eth0", "lo", "wg0"]
+    assert interface_of("198.51.100.7") is None
