@@ -119,6 +119,12 @@ def test_debug_1_gives_the_workers_the_switches_and_leaves_the_users_own(monkeyp
     assert debug_dir() == tmp_path / "debug"
 
 
+def test_no_restarts_and_no_shutdown_grace_are_choices_and_a_communication_check_never_restarts() -> None:
+    none = planned("single", "MAX_RESTARTS=0", "SHUTDOWN_TIMEOUT_S=0")
+    assert "--max-restarts=0" in none.torchrun_args and none.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "0"
+    assert "--max-restarts=0" in planned("comm").torchrun_args
+
+
 def test_a_node_of_a_job_of_fixed_size_gets_torchruns_rendezvous_and_a_run_named_after_it() -> None:
     node = planned("multi", "NODE_RANK=1", "NNODES=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=65535")
     assert node.torchrun_args[-4:] == ["--nnodes=3", "--node-rank=1", "--master-addr=127.0.0.1", "--master-port=65535"]
