@@ -125,6 +125,12 @@ def test_no_restarts_and_no_shutdown_grace_are_choices_and_a_communication_check
     assert "--max-restarts=0" in planned("comm").torchrun_args
 
 
+def test_a_communication_check_given_a_node_rank_spans_the_nodes() -> None:
+    across = planned("comm", "NODE_RANK=1", "NNODES=2", "MASTER_ADDR=127.0.0.1")
+    assert "--standalone" not in across.torchrun_args and "--node-rank=1" in across.torchrun_args
+    assert "--standalone" in planned("comm").torchrun_args
+
+
 def test_a_node_of_a_job_of_fixed_size_gets_torchruns_rendezvous_and_a_run_named_after_it() -> None:
     node = planned("multi", "NODE_RANK=1", "NNODES=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=65535")
     assert node.torchrun_args[-4:] == ["--nnodes=3", "--node-rank=1", "--master-addr=127.0.0.1", "--master-port=65535"]
