@@ -342,16 +342,23 @@ def record_fsyncs() -> list[str]:
 
 
 def train_stop_resume(
-    env: DistEnv, run_dir: Path, overrides: list[str], extra: Callable[[Trainer], object] | None = None
+    env: DistEnv,
+    run_dir: Path,
+    overrides: list[str],
+    extra: Callable[[Trainer], object] | None = None,
+    before: Callable[[Trainer], object] | None = None,
 ) -> dict:
     """One epoch of 6 steps with a checkpoint at step 4, then a second trainer (a restarted job)
     that resumes from it and trains steps 5 and 6 (for on_ranks): both ends' weights (rank 0's), this
-    rank's buffers and step, and `extra` of each trainer (a module-level function) where given."""
+    rank's buffers and step, and `extra` of each trainer after its epoch and `before` of it before
+    any step (module-level functions) where given."""
     config = to_train_config(compose_config([*TINY, "data.train_size=96", "data.batch_size=8",
                                              "checkpoint.every_n_steps=4", *overrides]))  # fmt: skip
     ends = {}
     for name in ("uninterrupted", "resumed"):
         trained = build_trainer(config, env, run_dir)
+        if before is not None:
+            ends[f"{name}_before"] = before(trained)
         stop = StopOnSigterm()
         try:
             trained.train_epoch(stop)

@@ -25,7 +25,7 @@ from {{cookiecutter.package_name}}.engine.strategies import Strategy
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner, optimizer_steps
 from {{cookiecutter.package_name}}.tasks import Classification
 
-from ..helpers import CPU, TINY, assert_same, compose_config, on_ranks, train_stop_resume, trainer
+from ..helpers import CPU, assert_same, compose_config, on_ranks, train_stop_resume, trainer
 
 
 def test_each_epoch_trains_in_its_own_order(tmp_path: Path) -> None:
@@ -98,29 +98,26 @@ def test_a_model_with_buffers_resumes_bit_exactly_on_two_ranks(tmp_path: Path) -
     assert_resumed_on_two_ranks(on_ranks(2, train_stop_resume, tmp_path, ["strategy=ddp", "model=small_cnn"]))
 
 
+def samples_so_far(trained) -> list[dict]:
+    audit = trained.run_dir / "logs" / f"samples_rank_{trained.env.rank}.jsonl"
+    return [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+
+
+def loaded(trained) -> dict:
+    """What a rank holds once it has resumed, before any step, and the samples recorded by then."""
+    return {"buffers": {key: buffer.clone() for key, buffer in trained.model.named_buffers()},
+            "weights": {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()},
+            "recorded": len(samples_so_far(trained))}  # fmt: skip
+
+
 def continue_on_another_world_size(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict:
     """train_stop_resume's two trainers on this world size, from a checkpoint of step 4 that another
     world size saved: what every rank holds once it has resumed, the samples each run trained on, both
     ends. The first saves step 5 (every_n_steps=5), so the second resumes from this world size's."""
-    config = to_train_config(compose_config([*TINY, "data.train_size=96", "data.batch_size=8",
-                                             "checkpoint.every_n_steps=5", *overrides]))  # fmt: skip
-    ends: dict = {"samples": {}}
-    audit = run_dir / "logs" / f"samples_rank_{env.rank}.jsonl"
-    for name in ("uninterrupted", "resumed"):
-        trained = build_trainer(config, env, run_dir)
-        if name == "uninterrupted":  # every rank, before any step: the checkpoint's tensors
-            ends["loaded_buffers"] = {key: buffer.clone() for key, buffer in trained.model.named_buffers()}
-            ends["loaded"] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}
-        done = len(audit.read_text().splitlines()) if audit.exists() else 0
-        stop = StopOnSigterm()
-        try:
-            trained.train_epoch(stop)
-        finally:
-            stop.close()
-        trained.checkpoints.wait()
-        ends["samples"][name] = [json.loads(line) for line in audit.read_text().splitlines()[done:]]
-        ends[name] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}
-        ends[f"{name}_step"] = trained.state.step
+    ends = train_stop_resume(env, run_dir, [*overrides, "checkpoint.every_n_steps=5"], samples_so_far, loaded)
+    ends["samples"] = {name: ends[f"{name}_extra"][ends[f"{name}_before"]["recorded"] :]
+                       for name in ("uninterrupted", "resumed")}  # fmt: skip
+    ends["loaded"], ends["loaded_buffers"] = (ends["uninterrupted_before"][key] for key in ("weights", "buffers"))
     return ends
 
 
