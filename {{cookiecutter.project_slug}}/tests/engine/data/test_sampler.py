@@ -153,3 +153,38 @@ def test_a_sharded_order_resumes_mid_epoch_on_another_world_size() -> None:
 def test_shards_that_do_not_add_up_to_the_set_are_refused() -> None:
     with pytest.raises(ValueError, match="the set has 100"):
         ResumableDistributedSampler(100, cpu_env(0, 1), 4, seed=0, shard_sizes=[50, 49])
+
+
+def test_the_order_of_a_seed_and_epoch_never_changes_so_an_older_runs_checkpoint_resumes_on_its_samples() -> None:
+    """Pinned: a run saved mid-epoch by an earlier version of the code resumes after the samples it
+    trained on only if (seed, epoch) still draws the same permutation (how it is drawn is the contract)."""
+
+    def order(epoch: int, **shards) -> list[int]:
+        sampler = ResumableDistributedSampler(12, cpu_env(0, 1), 4, seed=0, **shards)
+        sampler.set_epoch(epoch)
+        return sampler.epoch_order().tolist()
+
+    assert order(0) == [5, 1, 0, 10, 7, 9, 2, 11, 6, 8, 3, 4]
+    assert order(3) == [8, 6, 3, 10, 2, 1, 5, 9, 7, 4, 0, 11]
+    assert order(0, shard_sizes=[4, 4, 4]) == [11, 10, 8, 9, 1, 0, 3, 2, 5, 4, 6, 7], "a window of 1 shard by default"
+
+
+def test_a_fresh_sampler_starts_at_the_epochs_beginning() -> None:
+    sampler = ResumableDistributedSampler(10, cpu_env(1, 2), 2, seed=0)
+    assert len(sampler) == 5 and len(list(sampler)) == 5 and sampler.steps_left() == 3
+    sampler.set_start(4)
+    assert len(sampler) == 3 and sampler.steps_left() == 2
+
+
+def test_a_window_of_one_shard_is_the_least_and_a_set_without_one_reads_a_shard_at_a_time() -> None:
+    assert ResumableDistributedSampler(8, cpu_env(0, 1), 4, seed=0, shard_sizes=[4, 4], shard_window=1).shard_window == 1
+    with pytest.raises(ValueError, match="in windows of 0"):
+        ResumableDistributedSampler(8, cpu_env(0, 1), 4, seed=0, shard_sizes=[4, 4], shard_window=0)
+
+    class ShardsOnly:  # a sharded set that does not say its window
+        shard_sizes = [4, 4]
+
+        def __len__(self) -> int:
+            return 8
+
+    assert ResumableDistributedSampler.for_dataset(ShardsOnly(), cpu_env(0, 1), 4, seed=0).shard_window == 1
