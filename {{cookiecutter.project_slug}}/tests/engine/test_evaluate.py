@@ -15,7 +15,7 @@ from {{cookiecutter.package_name}}.config import DataConfig, to_train_config
 from {{cookiecutter.package_name}}.datasets.collate import model_forward, pad_windows
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.data.loader import build_data
-from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
+from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate, summed
 from {{cookiecutter.package_name}}.models import GPT
 from {{cookiecutter.package_name}}.tasks import Classification, LanguageModel
 
@@ -175,3 +175,12 @@ def test_a_token_weighted_metric_is_the_mean_over_every_token_of_the_set_at_any_
         assert all(rank == ranks[0] for rank in ranks) and ranks[0].samples == 7
         # float32 tolerance: the model's logits of a window vary in the last bits with the batch's padded length
         assert ranks[0].metrics == pytest.approx(one.metrics, rel=1e-6)
+
+
+def test_counts_past_float32s_integers_stay_exact() -> None:
+    """A language model's set counts tokens in the tens of millions: past 2**24 a float32 count would
+    round, and every mean over the set with it."""
+    many = 2**24 + 1
+    assert summed(torch.ones(3), many).tolist() == [3.0, float(many)]
+    assert summed((torch.tensor(3.0), many), 0).tolist() == [3.0, float(many)]
+    assert summed((torch.tensor(3.0), torch.tensor(many)), 0).tolist() == [3.0, float(many)]
