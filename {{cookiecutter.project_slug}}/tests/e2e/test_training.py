@@ -94,28 +94,17 @@ def test_plot_script_draws_the_run(trained_run) -> None:
     )
 
 
-def test_one_run_dir_per_job_without_any_run_dir_given(tmp_path) -> None:
-    torchrun("train.py", 2, *SMALL, "trainer.epochs=1", "data.train_size=256", cwd=tmp_path)
+def test_one_run_dir_per_job_without_any_run_dir_given_also_from_the_legacy_launcher(tmp_path) -> None:
+    """torch.distributed.launch passes --local-rank and starts its workers through torchrun's agent, as
+    torchrun does: one job, both ranks in one run dir of the default name (the run dirs agree by the
+    agent's run id, the same for both launchers)."""
+    cmd = [PYTHON, "-m", "torch.distributed.launch", "--nproc-per-node=2", str(PROJECT_DIR / "train.py"), *SMALL,
+           "trainer.epochs=1", "data.train_size=256"]  # fmt: skip
+    run(cmd, cwd=tmp_path)
     run_dirs = list((tmp_path / "outputs").iterdir())
-    assert len(run_dirs) == 1, run_dirs
+    assert len(run_dirs) == 1 and run_dirs[0].name.startswith("torchrun_"), run_dirs
     assert {p.name for p in (run_dirs[0] / "logs").iterdir()} == {"rank_0.log", "rank_1.log"}
-
-
-def test_legacy_launcher_with_local_rank_argument(tmp_path) -> None:
-    cmd = [
-        PYTHON,
-        "-m",
-        "torch.distributed.launch",
-        "--nproc-per-node=2",
-        str(PROJECT_DIR / "train.py"),
-        *SMALL,
-        "trainer.epochs=1",
-        "data.train_size=256",
-        f"hydra.run.dir={tmp_path}",
-    ]
-    run(cmd)
-    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank_0.log", "rank_1.log"}
-    assert any(r["kind"] == "val" for r in read_metrics(tmp_path))
+    assert any(r["kind"] == "val" for r in read_metrics(run_dirs[0]))
 
 
 def test_plain_python_runs_as_a_world_of_one(tmp_path) -> None:
