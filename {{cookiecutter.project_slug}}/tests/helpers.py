@@ -112,6 +112,10 @@ def on_ranks(world_size: int, function: Callable[..., object], *args: object, ti
             if time.monotonic() > deadline:
                 pytest.fail(f"ranks {sorted(set(range(world_size)) - set(outcome))} did not finish in {timeout} s")
             if results.empty():
+                ended = [rank for rank, process in enumerate(processes) if process.exitcode is not None]
+                ended = [rank for rank in ended if rank not in outcome]
+                if ended and results.empty():  # what a rank sends is in the pipe before it exits
+                    pytest.fail(f"rank {ended[0]} ended (exit code {processes[ended[0]].exitcode}) without a result")
                 time.sleep(0.01)
                 continue
             rank, ok, value, hits = results.get()

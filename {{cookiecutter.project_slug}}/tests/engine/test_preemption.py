@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -72,7 +73,7 @@ def test_close_gives_the_signals_back_to_the_handlers_before_it(fallback: list[i
 
 def signalled_on_rank_1(env, everywhere: bool = False) -> tuple[list[bool], int, int, str]:
     """Six steps; rank 1 alone (or, `everywhere`, every rank) gets SIGHUP after the second. What each
-    rank's should_stop said."""
+    rank's should_stop said; close() (waiting by default) has finished the reduce in flight."""
     stop = StopOnSigterm()
     said = []
     try:
@@ -82,6 +83,12 @@ def signalled_on_rank_1(env, everywhere: bool = False) -> tuple[list[bool], int,
             said.append(stop.should_stop())
     finally:
         stop.close()
+    quiet = StopOnSigterm()
+    time.sleep(0.5 if env.rank == 1 else 0)  # rank 0's reduce waits for rank 1's, in close()
+    quiet.should_stop()  # no signal: a reduce goes in flight
+    in_flight = quiet._pending
+    quiet.close()
+    assert in_flight is not None and in_flight.is_completed(), "close() waits for the reduce in flight"
     return said, stop.received, stop.agreed, stop.signal_name
 
 

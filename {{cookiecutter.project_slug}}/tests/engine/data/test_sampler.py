@@ -177,7 +177,8 @@ def test_a_fresh_sampler_starts_at_the_epochs_beginning() -> None:
 
 
 def test_a_window_of_one_shard_is_the_least_and_a_set_without_one_reads_a_shard_at_a_time() -> None:
-    assert ResumableDistributedSampler(8, cpu_env(0, 1), 4, seed=0, shard_sizes=[4, 4], shard_window=1).shard_window == 1
+    least = ResumableDistributedSampler(8, cpu_env(0, 1), 4, seed=0, shard_sizes=[4, 4], shard_window=1)
+    assert least.shard_window == 1
     with pytest.raises(ValueError, match="in windows of 0"):
         ResumableDistributedSampler(8, cpu_env(0, 1), 4, seed=0, shard_sizes=[4, 4], shard_window=0)
 

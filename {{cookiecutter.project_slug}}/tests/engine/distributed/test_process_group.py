@@ -3,6 +3,7 @@ weights' fingerprint, bytes sent between ranks, the agent's store per restart.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -45,6 +46,8 @@ def test_process_env_reads_torchruns_variables_or_answers_for_a_world_of_one(mon
     rank, local_rank, world_size, local_world_size, choice = distributed.process_env(config, visible_gpus=0)
     assert (rank, local_rank, world_size, local_world_size) == (5, 1, 8, 4) and choice.backend == "gloo"
     assert distributed.process_env(config, visible_gpus=4)[4].backend == "nccl", "4 local ranks, 4 GPUs"
+    if not torch.cuda.is_available():  # the GPUs torch sees, where none is said: none here
+        assert distributed.process_env(config)[4].backend == "gloo"
 
 
 def test_the_fingerprint_covers_every_bit_and_name_of_the_state() -> None:
@@ -127,3 +130,44 @@ def test_a_nodes_refusal_reaches_the_ranks_of_other_nodes_waiting_for_the_group(
     server.delete_key(distributed.REFUSED_KEY)
     distributed.tell_the_other_nodes("mine")
     assert not server.check([distributed.REFUSED_KEY]), "not said to a store of its own that never started"
+
+
+@pytest.mark.parametrize(
+    ("agent_store", "rank", "group_world_size", "group_rank", "said"),
+    [
+        ("True", "0", "2", None, "node 0 refused the job: why"),  # node 0's own refusal, in the agent's store
+        (None, "3", "2", "1", "node 1 refused the job: why"),  # a static job's rank: rank 0's store is up
+        (None, None, "2", "0", None),  # no RANK: a rank 0 whose store of its own never started
+        ("True", "2", None, "1", None),  # one node: nobody to tell
+        ("True", "2", "1", "0", None),
+    ],
+)
+def test_who_tells_the_other_nodes_of_a_refusal(monkeypatch, agent_store, rank, group_world_size, group_rank,
+                                                 said) -> None:  # fmt: skip
+    import datetime
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    for name, value in {"TORCHELASTIC_USE_AGENT_STORE": agent_store, "RANK": rank, "GROUP_WORLD_SIZE": group_world_size,
+                        "GROUP_RANK": group_rank}.items():  # fmt: skip
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    distributed.tell_the_other_nodes("why")
+    told = server.check([distributed.REFUSED_KEY])
+    assert (server.get(distributed.REFUSED_KEY).decode() if told else None) == said
+
+
+def test_the_store_client_joins_the_workers_store_as_a_client_or_answers_none(monkeypatch) -> None:
+    import datetime
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    client = distributed.store_client(3)
+    client.set("key", "from the client")
+    assert server.get("key") == b"from the client" and client.timeout == datetime.timedelta(seconds=3)
+    monkeypatch.delenv("MASTER_PORT")
+    assert distributed.store_client(3) is None, "no store named: none"
