@@ -1,6 +1,7 @@
 """engine/checkpoint/manager.py through a Trainer in this process: a checkpoint's state loads back exactly,
 and one of a newer format is refused in one line; a save says how long it held training and never
-writes non-finite weights; a resume says where it resumed from and what settings it changed."""
+writes non-finite weights; a resume says where it resumed from and what settings it changed, claims
+checkpoint.dir for its run, and passes over a sharded checkpoint that does not load."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 
-from ...helpers import assert_same, trainer
+from ...helpers import TINY, assert_same, compose_config, on_ranks, trainer
 
 
 def test_load_state_dict_is_the_exact_inverse_of_state_dict(tmp_path: Path) -> None:
@@ -75,3 +78,48 @@ def test_a_resume_says_where_from_and_which_settings_it_changed(tmp_path: Path, 
     parts = changed[0].split(": ", 1)[1].split("; ")  # each change "key: old -> new", "; " apart
     assert sorted(part.split(": ")[0] for part in parts) == ["optim.lr", "trainer.log_every_n_steps"], changed[0]
     assert all(re.fullmatch(r"[\w.]+: \S+ -> \S+", part) for part in parts) and " -> 0.05" in changed[0], changed[0]
+
+
+def test_a_resume_claims_checkpoint_dir_for_its_run_and_another_run_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    trainer(tmp_path / "a", f"checkpoint.dir={shared}")  # built: resumed from nothing, the dir claimed
+    assert (shared / ".owner").is_file()
+    trainer(tmp_path / "a", f"checkpoint.dir={shared}")  # the same run, relaunched
+    with pytest.raises(ConfigError, match=f"checkpoint.dir={shared} belongs to the run in "):
+        trainer(tmp_path / "b", f"checkpoint.dir={shared}")
+
+
+def resume_past_a_corrupt_shard(env, run_dir: Path) -> tuple[int, list[str]]:
+    """Sharded checkpoints at steps 2 and 4 of a 6-step epoch; rank 1's shard of the newest cut in half;
+    a relaunch."""
+    overrides = [*TINY, "data.batch_size=8", "strategy=fsdp", "checkpoint.every_n_steps=2"]
+    config = to_train_config(compose_config(overrides))
+    trained = build_trainer(config, env, run_dir)
+    stop = StopOnSigterm()
+    try:
+        trained.train_epoch(stop)
+    finally:
+        stop.close()
+    trained.checkpoints.wait()
+    torch.distributed.barrier()
+    if env.rank == 0:
+        shard = run_dir / "checkpoints" / "step_00000004" / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    torch.distributed.barrier()
+    heard: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("{{cookiecutter.package_name}}.engine.checkpoint.manager").addHandler(handler)
+    resumed = build_trainer(config, env, run_dir)
+    return resumed.state.step, heard
+
+
+def test_a_sharded_checkpoint_that_does_not_load_is_set_aside_for_the_one_before(tmp_path: Path) -> None:
+    for step, heard in on_ranks(2, resume_past_a_corrupt_shard, tmp_path):
+        assert step == 2, "resumed from the checkpoint before"
+        warned = [line for line in heard if " does not load (" in line]
+        assert len(warned) == 1 and warned[0].startswith(f"checkpoint {tmp_path / 'checkpoints' / 'step_00000004'} "
+                                                         "does not load ("), heard  # fmt: skip
+        reason = warned[0].split(" does not load (", 1)[1].removesuffix("); trying the one before")
+        assert warned[0].endswith("); trying the one before") and "\n" not in reason and len(reason) > 10, warned[0]
+    assert (tmp_path / "checkpoints" / "step_00000004.unreadable").is_dir()
