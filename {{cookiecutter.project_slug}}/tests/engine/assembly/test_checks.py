@@ -65,8 +65,9 @@ def test_a_relaunch_with_overrides_the_checkpoint_cannot_take_is_refused(tmp_pat
         payload = {"format_version": 1, "model": {}, "optimizer": {}, "step": 32, "epoch": epoch,
                    "samples_in_epoch": samples, "config": plain}  # fmt: skip
         torch.save(payload, run_dir / "checkpoints" / "step_00000032.pt")
-        with pytest.raises(ConfigError, match=refusal):
+        with pytest.raises(ConfigError, match=refusal) as refused:
             check_launch_for([*job, *overrides], run_dir, nproc=2)
+        assert f"checkpoint {run_dir / 'checkpoints' / 'step_00000032.pt'} " in str(refused.value), "which one"
         check_launch_for(job, run_dir, nproc=2)  # as launched before: fine
 
 

@@ -16,7 +16,7 @@ import torch
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
-from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints
+from {{cookiecutter.package_name}}.engine.checkpoint.files import FORMAT_VERSION, list_checkpoints
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 
 from ...helpers import TINY, assert_same, compose_config, on_ranks, trainer
@@ -31,6 +31,7 @@ def test_load_state_dict_is_the_exact_inverse_of_state_dict(tmp_path: Path) -> N
         stop.close()
     saved = trained.checkpoints.state_dict()
     assert saved["step"] == 3 and saved["samples_in_epoch"] == 96 and saved["optimizer"]["state"]
+    assert saved["format_version"] == FORMAT_VERSION, "what a later version's code reads to know it"
     resumed = trainer(tmp_path / "b")
     resumed.checkpoints.load_state_dict(saved, "memory")
     assert_same(resumed.checkpoints.state_dict(), saved)
