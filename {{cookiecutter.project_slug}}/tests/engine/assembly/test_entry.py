@@ -11,7 +11,7 @@ import pytest
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV, FAILED_MARKER, REFUSED
-from {{cookiecutter.package_name}}.engine.assembly.entry import accept_legacy_local_rank, refuse
+from {{cookiecutter.package_name}}.engine.assembly.entry import accept_legacy_local_rank, refuse, reporting_user_errors
 from {{cookiecutter.package_name}}.engine.distributed.process_group import REFUSED_KEY
 
 
@@ -64,3 +64,28 @@ def test_a_refusal_under_the_launcher_goes_to_it_and_to_the_other_nodes_unless_i
         assert server.get(REFUSED_KEY) == b"node 1 refused the job: data.root=/x: no such folder"
     else:
         assert not server.check([REFUSED_KEY]), "another node's line is not said back"
+
+
+def failing_in_a_collective() -> None:
+    def body() -> None:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:5283")
+
+    reporting_user_errors(body)
+
+
+@pytest.mark.parametrize("stopped", [True, False], ids=["another rank stopped the job", "nobody did"])
+def test_the_echo_of_another_ranks_stop_ends_quietly_a_real_error_does_not(tmp_path, monkeypatch, capfd, stopped):
+    """A rank that stops the job (a full disk, say) leaves its one line for the launcher and exits; a
+    peer caught in a collective with it fails with gloo's "Connection closed by peer": without a
+    traceback, which would bury the one line. Without that line the error is the rank's own: raised."""
+    import multiprocessing
+
+    monkeypatch.setenv(CONTROL_DIR_ENV, str(tmp_path))
+    if stopped:
+        (tmp_path / FAILED_MARKER).write_text("writing checkpoint step_10.pt failed (OSError: ...)\n1\n")
+    worker = multiprocessing.get_context("fork").Process(target=failing_in_a_collective)
+    worker.start()
+    worker.join(30)
+    said = capfd.readouterr().err
+    assert worker.exitcode == (0 if stopped else 1)
+    assert ("Traceback" in said and "Connection closed by peer" in said) != stopped, said

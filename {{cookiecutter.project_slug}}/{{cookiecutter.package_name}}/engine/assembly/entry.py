@@ -27,6 +27,7 @@ from ...common.run_dir import (
     CONTROL_DIR_ENV,
     FAILED_MARKER,
     REFUSED,
+    read_marker,
     register_resolvers,
     write_hydra_record,
     write_marker,
@@ -89,6 +90,12 @@ def reporting_user_errors(body: Callable[[], None]) -> None:
         sys.exit(stop.exit_code)
     except JobError as error:
         stop_job(error)
+    except Exception:
+        if os.environ.get(CONTROL_DIR_ENV) and read_marker(None, FAILED_MARKER) is not None:
+            # Another rank stopped the job (its one line is in the launcher's control dir, fresh each
+            # launch); this rank's error is the echo of it (a peer gone from a collective): no traceback.
+            os._exit(0)
+        raise
 
 
 def refuse(error: ConfigError, tell: bool = True) -> NoReturn:
