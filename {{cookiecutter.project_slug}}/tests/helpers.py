@@ -344,6 +344,16 @@ def record_fsyncs() -> list[str]:
     return synced
 
 
+def train_one_epoch(trained: Trainer) -> None:
+    """One epoch of `trained` as the loop runs it (stop signals watched), its checkpoints on disk."""
+    stop = StopOnSigterm()
+    try:
+        trained.train_epoch(stop)
+    finally:
+        stop.close()
+    trained.checkpoints.wait()
+
+
 def train_stop_resume(
     env: DistEnv,
     run_dir: Path,
@@ -362,12 +372,7 @@ def train_stop_resume(
         trained = build_trainer(config, env, run_dir)
         if before is not None:
             ends[f"{name}_before"] = before(trained)
-        stop = StopOnSigterm()
-        try:
-            trained.train_epoch(stop)
-        finally:
-            stop.close()
-        trained.checkpoints.wait()
+        train_one_epoch(trained)
         ends[name] = {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()}  # rank 0's
         ends[f"{name}_step"] = trained.state.step
         ends[f"{name}_buffers"] = {key: buffer.clone() for key, buffer in trained.model.named_buffers()}

@@ -19,7 +19,7 @@ from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import FORMAT_VERSION, list_checkpoints
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 
-from ...helpers import TINY, assert_same, compose_config, on_ranks, trainer
+from ...helpers import TINY, assert_same, compose_config, on_ranks, train_one_epoch, trainer
 
 
 def test_load_state_dict_is_the_exact_inverse_of_state_dict(tmp_path: Path) -> None:
@@ -96,12 +96,7 @@ def resume_past_a_corrupt_shard(env, run_dir: Path) -> tuple[int, list[str]]:
     overrides = [*TINY, "data.batch_size=8", "strategy=fsdp", "checkpoint.every_n_steps=2"]
     config = to_train_config(compose_config(overrides))
     trained = build_trainer(config, env, run_dir)
-    stop = StopOnSigterm()
-    try:
-        trained.train_epoch(stop)
-    finally:
-        stop.close()
-    trained.checkpoints.wait()
+    train_one_epoch(trained)
     torch.distributed.barrier()
     if env.rank == 0:
         shard = run_dir / "checkpoints" / "step_00000004" / "__1_0.distcp"

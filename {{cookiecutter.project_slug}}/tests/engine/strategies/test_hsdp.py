@@ -12,10 +12,9 @@ from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
-from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.engine.strategies import build_strategy
 
-from ...helpers import SMALL, compose_config, on_ranks
+from ...helpers import SMALL, compose_config, on_ranks, train_one_epoch
 
 # 192 samples, 8 per rank and step, 4 ranks: an epoch of 6 steps, a checkpoint at step 4.
 JOB = [*SMALL, "strategy=hsdp", "model=small_cnn", "data.train_size=192", "data.val_size=16", "data.batch_size=8",
@@ -37,12 +36,7 @@ def train_kill_resume(env: DistEnv, run_dir: Path) -> dict:
         trainer = build_trainer(config, env, run_dir)
         if name == "resumed":
             found["resumed_from"] = trainer.state.step
-        stop = StopOnSigterm()
-        try:
-            trainer.train_epoch(stop)
-        finally:
-            stop.close()
-        trainer.checkpoints.wait()
+        train_one_epoch(trainer)
         found[name] = {key: tensor.clone() for key, tensor in trainer.strategy.full_weights().items()}
         weight = next(p for p in trainer.strategy.model.parameters() if p.dim() > 1 and p.shape[0] % 2 == 0)
         found["mesh"] = tuple(weight.device_mesh.shape), weight.device_mesh.mesh_dim_names
