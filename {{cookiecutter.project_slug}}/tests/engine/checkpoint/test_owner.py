@@ -18,7 +18,7 @@ def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
     memory_url: str, tmp_path: Path, monkeypatch, remote: bool
 ) -> None:
     monkeypatch.chdir(tmp_path)  # run dirs below the working dir are named relative to it: the same on any machine
-    url = memory_url if remote else str(tmp_path / "shared")
+    url = memory_url if remote else str(tmp_path / "disk" / "shared")  # a folder whose parents are made too
     run_a, run_b = tmp_path / "outputs" / "a", tmp_path / "outputs" / "b"
     a = Checkpointer(run_a / "checkpoints" if remote else Path(url), config(url), is_writer=True)
     a.claim(run_a)

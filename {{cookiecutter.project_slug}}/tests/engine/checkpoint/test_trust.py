@@ -156,9 +156,27 @@ def test_what_the_projects_configs_could_name_is_trusted_and_nothing_else() -> N
                    "torch.hub.load", f"{package}.models.os.system", f"{package}.launch.main.main",
                    f"{package}.engine.checkpoint.files.write_atomically", "torch.optim.Optimizer.step"):  # fmt: skip
         assert not trusted(target), target
+    # The user's side of the package, named by no config file (a model of their own in models.py): trusted
+    # where it is defined; the machinery is not, though defined in the package.
+    for target in (f"{package}.models.MixtureOfExperts", f"{package}.datasets.images.TensorImages"):
+        assert trusted(target), target
+    for target in (f"{package}.engine.checkpoint.trust.check_trusted", f"{package}.launch.job.train",
+                   f"{package}.models", f"{package}.models.nothing"):  # fmt: skip
+        assert not trusted(target), target
     with pytest.raises(ConfigError, match=r"names model.layers\[1\]._target_=evil.f, "):
         check_trusted({"model": {"_target_": "torch.nn.Sequential", "layers": [{}, {"_target_": "evil.f"}]}}, 0, "x")
     check_trusted({"model": {"_target_": "evil.f"}}, True, "x")  # the user's opt-in
+
+
+def test_a_name_a_saved_config_kept_from_before_a_module_moved_is_trusted_as_what_it_names(monkeypatch) -> None:
+    """A checkpoint saved before a module moved names the old path; where the package keeps it importable,
+    what it names is trusted as the config files' new name is, and nothing more of the old module."""
+    from {{cookiecutter.package_name}}.engine import schedule
+
+    package = "{{cookiecutter.package_name}}"
+    monkeypatch.setitem(sys.modules, f"{package}.schedule", schedule)  # the old name, kept by the package
+    assert trusted(f"{package}.schedule.Cosine") and trusted(f"{package}.engine.schedule.Cosine")
+    assert not trusted(f"{package}.schedule.Schedule"), "the old module's other names: machinery, as before"
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])

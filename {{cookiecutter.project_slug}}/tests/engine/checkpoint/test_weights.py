@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
-from {{cookiecutter.package_name}}.engine.checkpoint.weights import load_weights
+from {{cookiecutter.package_name}}.engine.checkpoint.weights import has_ema, load_weights
 
 
 def model(out_features: int = 3, seed: int = 0) -> nn.Module:
@@ -30,6 +30,24 @@ def test_the_weights_of_a_pt_checkpoint_go_into_the_plain_model(tmp_path: Path) 
     assert (payload["step"], payload["epoch"]) == (42, 3), "the payload comes back, loaded here"
     for (name, got), expected in zip(fresh.state_dict().items(), trained.state_dict().values(), strict=True):
         assert torch.equal(got, expected), name
+
+
+def test_a_pt_checkpoint_with_an_ema_gives_its_average_parameters_and_the_models_buffers(tmp_path: Path) -> None:
+    """A run with trainer.ema: eval.py and the export load what validation scored (the average's parameters,
+    the trained model's buffers) and say so (has_ema); a run without one gives its plain weights."""
+    trained, average = model(seed=1), model(seed=4)
+    trained.train()(torch.randn(16, 4))
+    parameters = {name: tensor for name, tensor in average.state_dict().items() if "running" not in name and
+                  "num_batches" not in name}  # fmt: skip
+    write(tmp_path / "ema.pt", trained, ema=parameters)
+    write(tmp_path / "plain.pt", trained, ema={})
+    fresh = model(seed=2)
+    assert has_ema(tmp_path / "ema.pt", load_weights(tmp_path / "ema.pt", fresh))
+    for name, tensor in fresh.state_dict().items():
+        expected = parameters[name] if name in parameters else trained.state_dict()[name]
+        assert torch.equal(tensor, expected), name
+    assert not has_ema(tmp_path / "plain.pt", load_weights(tmp_path / "plain.pt", fresh))
+    assert torch.equal(fresh[0].weight, trained[0].weight)
 
 
 def test_a_given_payload_is_used_and_the_file_not_read_again(tmp_path: Path) -> None:
