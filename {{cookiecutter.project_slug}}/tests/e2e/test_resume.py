@@ -176,7 +176,7 @@ def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> N
         "trainer.record_samples=true",
         "checkpoint.every_n_steps=0",
     ]
-    for nproc, stop_after in ((3, 4), (2, None)):  # up from 2 to 3: tests/e2e/test_fsdp.py
+    for nproc, stop_after in ((3, 4), (2, None)):  # up from 2 to 3: tests/engine/test_trainer.py (fsdp)
         proc = start(run_dir, nproc, *job)
         if stop_after is not None:
             wait_for(

@@ -75,15 +75,19 @@ def test_compile_wraps_the_model_that_trains_and_leaves_the_checkpointed_one_pla
     assert not any(key.startswith("_orig_mod.") for key in compiled.checkpoints.state_dict()["model"])
 
 
-@pytest.mark.slow  # 25M parameters: 15-35 s on 2 cores
-def test_resnet50_a_default_model_choice_trains_and_resumes_bit_exactly(tmp_path: Path) -> None:
-    """The shipped resnet50 (53 BatchNorm layers), 16x16 images, on two ranks: a resumed run's weights and
-    buffers are the uninterrupted run's, bit for bit, and training changed them."""
-    job = ["strategy=ddp", "model=resnet50", "data.image_size=16", "data.num_classes=4"]
+@pytest.mark.slow  # resnet50: 25M parameters, 15-35 s on 2 cores
+@pytest.mark.parametrize(("model", "strategy", "features"), [("resnet50", "ddp", 2048), ("resnet18", "fsdp", 512)])
+def test_resnet50_a_default_model_choice_trains_and_resumes_bit_exactly(
+    tmp_path: Path, model: str, strategy: str, features: int
+) -> None:
+    """The shipped resnets (resnet50's 53 BatchNorm layers; resnet18 sharded), 16x16 images, on two ranks: a
+    resumed run's weights and buffers are the uninterrupted run's, bit for bit, and training changed them.
+    (A real SIGKILL and torchrun's restart: tests/e2e/test_resume.py, test_resume_models.py, test_fsdp.py.)"""
+    job = [f"strategy={strategy}", f"model={model}", "data.image_size=16", "data.num_classes=4"]
     ends = on_ranks(2, train_stop_resume, tmp_path, job)[0]
     assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
-    assert_same(ends["resumed"], ends["uninterrupted"], "resnet50's weights and buffers")
-    assert int(ends["resumed"]["bn1.num_batches_tracked"]) == 6 and ends["resumed"]["fc.weight"].shape == (4, 2048)
+    assert_same(ends["resumed"], ends["uninterrupted"], f"{model}'s weights and buffers")
+    assert int(ends["resumed"]["bn1.num_batches_tracked"]) == 6 and ends["resumed"]["fc.weight"].shape == (4, features)
 
 
 def assert_resumed_on_two_ranks(ranks: list[dict]) -> None:

@@ -69,6 +69,13 @@ def test_a_relaunch_with_overrides_the_checkpoint_cannot_take_is_refused(tmp_pat
             check_launch_for([*job, *overrides], run_dir, nproc=2)
         assert f"checkpoint {run_dir / 'checkpoints' / 'step_00000032.pt'} " in str(refused.value), "which one"
         check_launch_for(job, run_dir, nproc=2)  # as launched before: fine
+    # A checkpoint.dir another run owns (its .owner): refused in one line before torchrun, nothing written.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / ".owner").write_text("/elsewhere/run\n")
+    with pytest.raises(ConfigError, match=f"checkpoint.dir={shared} belongs to the run in /elsewhere/run "):
+        check_launch_for([*job, f"checkpoint.dir={shared}"], tmp_path / "run_new", nproc=2)
+    assert sorted(path.name for path in shared.iterdir()) == [".owner"]
 
 
 @pytest.mark.parametrize(
