@@ -1,29 +1,18 @@
-"""Speed options of the training step in real jobs on CPU: accumulation, precision, layout, clipping,
-compile, the benchmark."""
+"""Speed options of the training step in real jobs on CPU: accumulation, compile, the benchmark (bf16 and
+channels_last). bf16 accumulation with clipping and channels_last, resumed between optimizer steps bit for
+bit: tests/engine/test_trainer.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from ..helpers import SMALL, run
-from .jobs import (
-    assert_bit_identical,
-    finish,
-    last_line,
-    read_metrics,
-    start,
-    steps_saved,
-    torchrun,
-    wait_for,
-    worker_pid,
-)
+from .jobs import last_line, read_metrics, torchrun
 
 
 @pytest.mark.slow
@@ -34,30 +23,6 @@ def test_accumulated_micro_batches_give_the_big_batch_gradient_with_one_all_redu
     one_batch, accumulated = result["calls"]
     # Once per optimizer step, not once per micro-batch: DDP's buckets, FSDP's two sharded Linears.
     assert accumulated == one_batch >= 1, "gradients reduced once per optimizer step, not once per micro-batch"
-
-
-# 2 epochs of 16 micro-batches on 2 processes, 3 per optimizer step: 6 steps an epoch (the last of 1).
-# trainer.deterministic=true too: the GPU switch must not get in the way of training on CPUs.
-ACCUMULATED = [*SMALL, "trainer.precision=bf16", "trainer.grad_accum_steps=3", "trainer.clip_grad_norm=1.0",
-               "trainer.channels_last=true", "trainer.deterministic=true", "checkpoint.every_n_steps=2",
-               "checkpoint.keep_last=20"]  # fmt: skip
-
-
-@pytest.mark.slow
-def test_bf16_accumulation_counts_steps_and_resumes_bit_identical_after_sigkill(tmp_path: Path) -> None:
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    code, output = finish(start(reference, 2, *ACCUMULATED))
-    assert code == 0, output[-3000:]
-    records = read_metrics(reference)
-    assert [r["step"] for r in records if r["kind"] == "val"] == [6, 12]
-    losses = [r["train_loss"] for r in records if r["kind"] == "train"]
-    assert losses[-1] < losses[0], losses
-    proc = start(killed, 2, *ACCUMULATED)
-    wait_for(lambda: 4 in steps_saved(killed), "the checkpoint of step 4")
-    os.kill(worker_pid(killed, 1), signal.SIGKILL)
-    code, output = finish(proc)
-    assert code == 0 and "resumed from" in output, output[-3000:]
-    assert_bit_identical(reference, killed, step=12)
 
 
 @pytest.mark.slow

@@ -315,6 +315,22 @@ def test_the_log_line_holds_the_gradient_norm_and_peak_memory_and_the_language_m
     assert lm.model.flops_per_token(16) == 6 * sum(p.numel() for p in lm.model.parameters()) + 12 * 2 * 32 * 16
 
 
+@pytest.mark.slow  # two trainers' epochs on two ranks: in place of an end-to-end job pair (tests/e2e/test_step.py)
+def test_bf16_accumulation_with_clipping_and_channels_last_resumes_bit_exactly_between_optimizer_steps(
+    tmp_path: Path,
+) -> None:
+    """12 micro-batches a rank, 3 per optimizer step, bf16, clipped, channels_last, deterministic: 4 steps, a
+    checkpoint after the third, and the resumed run's fourth step ends where the uninterrupted one does. (A
+    real SIGKILL and torchrun's restart: tests/e2e/test_resume.py.)"""
+    job = ["strategy=ddp", "model=small_cnn", "trainer.precision=bf16", "trainer.grad_accum_steps=3",
+           "trainer.clip_grad_norm=1.0", "trainer.channels_last=true", "trainer.deterministic=true",
+           "data.batch_size=4", "checkpoint.every_n_steps=3"]  # fmt: skip
+    ends = on_ranks(2, train_stop_resume, tmp_path, job)[0]
+    assert ends["uninterrupted_step"] == ends["resumed_step"] == 4, "12 micro-batches, 3 to a step"
+    assert_same(ends["resumed"], ends["uninterrupted"], "the resumed run's weights and buffers")
+    assert (tmp_path / "checkpoints" / "step_00000003.pt").is_file()
+
+
 @pytest.mark.parametrize(("accum", "counts", "reals"), [(1, [1] * 4, [24, 24, 24, 8]), (3, [3, 1], [72, 8])])
 def test_optimizer_steps_group_the_micro_batches_of_the_epoch(tmp_path: Path, accum, counts, reals) -> None:
     sampler = trainer(tmp_path, "data.train_size=80", "data.batch_size=24").data.sampler

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from {{cookiecutter.package_name}}.engine.distributed.comm_hooks import (
     register_comm_hook,
 )
 
-from ...helpers import compose_config, cpu_env, on_ranks
+from ...helpers import compose_config, cpu_env, on_ranks, train_stop_resume
 
 
 def ddp_config(*overrides: str) -> DDPConfig:
@@ -167,3 +168,18 @@ def test_powersgd_state_round_trips_and_a_resumed_model_steps_as_the_uninterrupt
             assert_same(resumed, original, f"rank {rank} step {4 + step} gradients")
     forgetful = ranks[0]["steps"]["forgetful"][0]
     assert not torch.equal(forgetful[0], ranks[0]["steps"]["original"][0][0]), "the memory is what makes them equal"
+
+
+@pytest.mark.slow  # a trainer's two epochs on two ranks, 6-11 s: in place of the end-to-end kill of a PowerSGD job
+def test_a_powersgd_run_resumed_from_its_checkpoint_ends_as_the_uninterrupted_one(tmp_path: Path) -> None:
+    """The trainer saves PowerSGD's memory in each checkpoint and a restarted job loads it: steps 5 and 6
+    after a resume from step 4 are the uninterrupted run's, bit for bit (compressing since step 2). A real
+    PowerSGD job: tests/e2e/test_comm_hooks.py; a real kill and torchrun's restart: tests/e2e/test_resume.py."""
+    job = ["strategy=ddp", "model=small_cnn", "ddp.comm_hook=powersgd", "ddp.powersgd_start_iter=2"]
+    ends = on_ranks(2, train_stop_resume, tmp_path, job)[0]
+    assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
+    for key, tensor in ends["uninterrupted"].items():
+        assert torch.equal(ends["resumed"][key], tensor), key
+    saved = torch.load(tmp_path / "checkpoints" / "step_00000004.pt", weights_only=True)["comm_hook"]
+    assert saved["iter"] > 2 and len(saved["error_per_rank"]) == 2
+    assert any(tensor.abs().sum() > 0 for tensor in saved["error_per_rank"][1].values()), "rank 1's memory too"
