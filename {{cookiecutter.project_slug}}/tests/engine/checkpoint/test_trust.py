@@ -165,6 +165,10 @@ def test_what_the_projects_configs_could_name_is_trusted_and_nothing_else() -> N
         assert not trusted(target), target
     with pytest.raises(ConfigError, match=r"names model.layers\[1\]._target_=evil.f, "):
         check_trusted({"model": {"_target_": "torch.nn.Sequential", "layers": [{}, {"_target_": "evil.f"}]}}, 0, "x")
+    with pytest.raises(ConfigError, match=r"names config._target_=evil.f, "):  # the config itself a call
+        check_trusted({"_target_": "evil.f"}, False, "x")
+    with pytest.raises(ConfigError, match=r"names model._target_=\['os.system'\], "):  # not a name: its repr
+        check_trusted({"model": {"_target_": ["os.system"]}}, False, "x")
     check_trusted({"model": {"_target_": "evil.f"}}, True, "x")  # the user's opt-in
 
 
