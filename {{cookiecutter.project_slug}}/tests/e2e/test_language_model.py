@@ -29,11 +29,17 @@ def unigram_entropy_nats(data: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def trained(tmp_path_factory) -> tuple[Path, str]:
+    """The 2-process run, and its output."""
     run_dir = tmp_path_factory.mktemp("lm") / "reference"
     code, output = finish(start(run_dir, 2, *LM, "trainer.epochs=2"))
     assert code == 0, output[-3000:]
-    return run_dir
+    return run_dir, output
+
+
+@pytest.fixture(scope="module")
+def reference(trained) -> Path:
+    return trained[0]
 
 
 def test_language_model_learns_well_below_the_unigram_entropy(reference: Path) -> None:
@@ -45,13 +51,16 @@ def test_language_model_learns_well_below_the_unigram_entropy(reference: Path) -
     assert final["val_samples"] == 301
 
 
-def test_language_model_evaluation_is_identical_at_any_world_size(reference: Path) -> None:
-    checkpoint = reference / "checkpoints" / "step_00000200.pt"
-    # 2 processes: tests/e2e/test_fsdp.py, from shards.
-    lines = {nproc: torchrun("eval.py", nproc, f"ckpt_path={checkpoint}").stdout.strip().splitlines()[-1]
-             for nproc in (1, 3)}  # fmt: skip
-    assert re.fullmatch(r"val_loss=[\d.]+ val_bpb=[\d.]+ val_samples=301", lines[1]), lines
-    assert lines[1] == lines[3]
+def test_language_model_evaluation_is_identical_at_any_world_size(trained) -> None:
+    """The training run's last validation on 2 processes, and eval.py on 3 of the same checkpoint, agree to
+    the last digit printed (1 process and 3: tests/e2e/test_training.py's eval.py test; the figures' sums
+    at any world size: tests/engine/test_evaluate.py)."""
+    run_dir, output = trained
+    checkpoint = run_dir / "checkpoints" / "step_00000200.pt"
+    on_two = re.findall(r"final: (val_loss=\S+ val_bpb=\S+ val_samples=\d+)", output)
+    on_three = torchrun("eval.py", 3, f"ckpt_path={checkpoint}").stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"val_loss=[\d.]+ val_bpb=[\d.]+ val_samples=301", on_three), on_three
+    assert on_two == [on_three], (on_two, on_three)
 
 
 def test_language_model_metrics_reach_the_plot(reference: Path) -> None:
