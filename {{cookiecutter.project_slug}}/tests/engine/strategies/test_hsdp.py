@@ -3,6 +3,7 @@ Four real gloo processes play two nodes of two (the launch of two nodes: tests/e
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,38 @@ def test_four_ranks_as_two_nodes_shard_within_a_node_replicate_across_and_resume
     for key, tensor in first["uninterrupted"].items():
         assert torch.equal(tensor, first["resumed"][key]), f"{key} after the resume"
     assert any("running_mean" in key for key in first["resumed"]), "the BatchNorm buffers are in the weights"
+
+
+def switch_to_fsdp_and_back(env: DistEnv, tmp_path: Path) -> dict:
+    """hsdp's step-4 checkpoint (two nodes of two) continued under fsdp (4 ranks, the same global batch),
+    which saves step 5; that continued under hsdp on one node of four (hsdp.shard_size=2, a 2 x 2 mesh).
+    Each leg's step, its first step once resumed, its mesh, and its validation loss at the epoch's end."""
+    legs = [("hsdp", two_nodes_of_two(env), [], None), ("to_fsdp", env, ["strategy=fsdp", "checkpoint.every_n_steps=5"],
+            ("hsdp", "step_00000004")), ("back", env, ["hsdp.shard_size=2"], ("to_fsdp", "step_00000005"))]  # fmt: skip
+    found: dict = {}
+    for name, leg_env, overrides, source in legs:
+        if source is not None and env.rank == 0:
+            (tmp_path / name / "checkpoints").mkdir(parents=True)
+            folder = tmp_path / source[0] / "checkpoints" / source[1]
+            shutil.copytree(folder, tmp_path / name / "checkpoints" / source[1])
+        torch.distributed.barrier()
+        trainer = build_trainer(to_train_config(compose_config([*JOB, *overrides])), leg_env, tmp_path / name)
+        resumed_from = trainer.state.step
+        train_one_epoch(trainer)
+        weight = next(p for p in trainer.strategy.model.parameters() if p.dim() > 1)
+        found[name] = {"resumed_from": resumed_from, "step": trainer.state.step, "loss": trainer.validate().loss,
+                       "mesh": tuple(weight.device_mesh.shape)}  # fmt: skip
+    return found
+
+
+@pytest.mark.slow  # three trainers on four ranks: in place of two 4-process jobs of tests/e2e/test_hsdp.py
+def test_an_hsdp_checkpoint_continues_under_fsdp_and_fsdps_under_hsdp(tmp_path: Path) -> None:
+    legs = on_ranks(4, switch_to_fsdp_and_back, tmp_path)[0]
+    assert [legs[name]["resumed_from"] for name in ("hsdp", "to_fsdp", "back")] == [0, 4, 5]
+    assert all(leg["step"] == 6 for leg in legs.values()), legs
+    assert legs["hsdp"]["mesh"] == legs["back"]["mesh"] == (2, 2) and legs["to_fsdp"]["mesh"] == (4,)
+    for name in ("to_fsdp", "back"):  # the same steps, up to the order of the sums
+        assert legs[name]["loss"] == pytest.approx(legs["hsdp"]["loss"], rel=1e-3), (name, legs)
 
 
 @pytest.mark.parametrize(
