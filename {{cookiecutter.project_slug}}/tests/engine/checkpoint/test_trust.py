@@ -169,6 +169,8 @@ def test_what_the_projects_configs_could_name_is_trusted_and_nothing_else() -> N
         check_trusted({"_target_": "evil.f"}, False, "x")
     with pytest.raises(ConfigError, match=r"names model._target_=\['os.system'\], "):  # not a name: its repr
         check_trusted({"model": {"_target_": ["os.system"]}}, False, "x")
+    with pytest.raises(ConfigError, match=r"holds an interpolation, data.files\[1\]=\$\{oc.env:HOME\}: "):  # in a list
+        check_trusted({"data": {"files": ["a.txt", "${oc.env:HOME}"]}}, False, "x")
     check_trusted({"model": {"_target_": "evil.f"}}, True, "x")  # the user's opt-in
 
 
