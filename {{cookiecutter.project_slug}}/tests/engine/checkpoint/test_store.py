@@ -92,6 +92,12 @@ def test_a_store_that_stops_answering_is_retried_then_one_line_says_it_cannot_be
     assert "\n" not in message
     assert s3_server.secret not in message
     assert (tmp_path / "step_00000001.pt").is_file(), "the local copy of the last one stays too"
+    # The owner mark, read before a resume and written at first use, says which of the two failed.
+    for what, action in (("reading .owner", lambda: writer.store.read_text(".owner")),
+                         ("saving .owner", lambda: writer.store.write_text(".owner", "outputs/a\n"))):  # fmt: skip
+        with pytest.raises(JobError) as stopped:
+            action()
+        assert str(stopped.value).startswith(f"checkpoint.dir={url}: {what} failed for 2 s"), str(stopped.value)
 
 
 def shards(folder: Path, ranks: int) -> Path:
@@ -360,3 +366,9 @@ def test_a_local_folder_of_shards_missing_another_nodes_shards_is_completed_from
     assert path == local / written.name and payload["step"] == 5
     assert (path / shards[0]).is_file(), "the missing shard brought down from the store"
     assert caplog.messages[-1].startswith(f"resuming from the store's {memory_url}/step_00000005, brought down")
+
+
+def test_a_checkpoint_dir_with_credentials_in_its_url_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ConfigError) as refused:
+        CheckpointStore("s3://KEY:SECRET@bucket/run/", retry_s=1.0)
+    assert str(refused.value).startswith("checkpoint.dir=s3://***@bucket/run: credentials in the URL are not used: ")
