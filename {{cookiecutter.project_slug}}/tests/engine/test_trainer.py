@@ -77,7 +77,7 @@ def test_compile_wraps_the_model_that_trains_and_leaves_the_checkpointed_one_pla
 
 @pytest.mark.slow  # resnet50: 25M parameters, 15-35 s on 2 cores
 @pytest.mark.parametrize(("model", "strategy", "features"), [("resnet50", "ddp", 2048), ("resnet18", "fsdp", 512)])
-def test_resnet50_a_default_model_choice_trains_and_resumes_bit_exactly(
+def test_the_shipped_resnets_train_and_resume_bit_exactly(
     tmp_path: Path, model: str, strategy: str, features: int
 ) -> None:
     """The shipped resnets (resnet50's 53 BatchNorm layers; resnet18 sharded), 16x16 images, on two ranks: a
