@@ -307,10 +307,17 @@ def test_the_local_checkpoints_and_the_store_are_one_history_the_newest_of_eithe
 ) -> None:
     local = tmp_path / "run" / "checkpoints"
     alone = Checkpointer(local, config(""), is_writer=True)  # trained without a store: RUN_DIR=X ... max_steps=8
+    told: list[int] = []
+    alone.on_written.append(told.append)  # what the trackers' sinks are told (engine/assembly/build.py)
     for step in (4, 8):
         alone.save(step, state(step))
         alone.wait()
+    assert told == [4, 8], "each checkpoint's step, once it is whole"
     caplog.set_level(logging.INFO)
+    assert alone.find_resume_payload()[0] == local / "step_00000008.pt"
+    elsewhere = Checkpointer(local, config(memory_url), is_writer=False)  # a rank that reads no store
+    assert elsewhere.find_resume_payload()[0] == local / "step_00000008.pt"
+    assert not [line for line in caplog.messages if line.startswith("resuming from the")], "no store read: no line"
     relaunched = Checkpointer(local, config(memory_url), is_writer=True)  # checkpoint.dir=s3://... added
     path, payload = relaunched.find_resume_payload()
     assert path == local / "step_00000008.pt" and payload["step"] == 8, "the local newest, not step 0"
@@ -342,7 +349,15 @@ def test_the_local_checkpoints_and_the_store_are_one_history_the_newest_of_eithe
         path, _ = same.find_resume_payload()
     finally:
         del same.store.fs.get_file
-    assert path == behind / "step_00000012.pt" and caplog.messages[-1].startswith("resuming from the local ")
+    assert path == behind / "step_00000012.pt"
+    assert caplog.messages[-1] == (
+        f"resuming from the local {path}: the newest of the local checkpoints and the store (the store's newest: "
+        f"{memory_url}/step_00000012.pt)"
+    )
+    # A new disk: the store's newest comes down, the local newest said to be none.
+    path, _ = Checkpointer(tmp_path / "new" / "checkpoints", config(memory_url), is_writer=True).find_resume_payload()
+    assert path == tmp_path / "new" / "checkpoints" / "step_00000012.pt"
+    assert caplog.messages[-1].endswith("the newest of the store and the local checkpoints (the local newest: none)")
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: meant
