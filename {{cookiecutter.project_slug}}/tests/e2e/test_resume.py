@@ -133,25 +133,6 @@ def test_atomic_write_survives_sigkill_at_random_moments(tmp_path: Path) -> None
             assert load_checkpoint(path)["model"]["w"].numel() == 4_000_000
 
 
-def test_sigterm_saves_at_the_next_step_and_a_relaunch_continues_exactly(reference: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, 2, *JOB, "checkpoint.every_n_steps=0")
-    wait_for(lambda: 16 in steps_saved(run_dir), "the end of the first epoch")
-    os.killpg(proc.pid, signal.SIGTERM)  # like a scheduler: torchrun gets SIGTERM and passes it on
-    code, output = finish(proc)
-    assert code == 143, "128 + SIGTERM: a batch script requeues on it"
-    assert "stopped by SIGTERM after step" in output
-    stopped_at = steps_saved(run_dir)[-1]
-    assert 16 < stopped_at < LAST_STEP, steps_saved(run_dir)
-    proc = run(
-        ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB, "checkpoint.every_n_steps=0"]
-    )
-    assert f"step_{stopped_at:08d}.pt" in proc.stderr
-    assert_bit_identical(reference, run_dir, step=LAST_STEP)
-    steps = [r["step"] for r in read_metrics(run_dir) if r["kind"] == "train"]
-    assert steps == sorted(steps) and len(steps) == len(set(steps)), "metrics of redone steps are not repeated"
-
-
 def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = [
@@ -170,9 +151,9 @@ def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> N
                 ),
                 f"step {stop_after}",
             )
-            os.killpg(proc.pid, signal.SIGTERM)
-        code, output = finish(proc)
-        assert "stopped by SIGTERM" in output if stop_after else code == 0, output[-3000:]
+            os.killpg(proc.pid, signal.SIGTERM)  # like a scheduler: torchrun gets SIGTERM and passes it on
+        code, output = finish(proc)  # 143, 128 + SIGTERM: a batch script requeues on it
+        assert ("stopped by SIGTERM" in output and code == 143) if stop_after else code == 0, output[-3000:]
     seen = samples_per_epoch(run_dir)
     assert sorted(seen[0]) == list(range(1000)), "each sample of the epoch exactly once"
     assert re.search(r"saved by 3 processes, now 2", (run_dir / "logs" / "rank_0.log").read_text())
@@ -227,28 +208,6 @@ def listening_addresses(session: int) -> set[str]:
     return found
 
 
-# SIGTERM sent to torchrun itself (some schedulers do), Ctrl-C to the whole group, SIGHUP as a closed terminal.
-@pytest.mark.parametrize(
-    ("target", "signum", "code"),
-    [("agent", signal.SIGTERM, 143), ("group", signal.SIGINT, 130), ("group", signal.SIGHUP, 129)],
-)
-def test_a_signal_to_the_agent_ctrl_c_or_a_hangup_saves_at_the_next_step(tmp_path: Path, target: str, signum,
-                                                                          code: int) -> None:  # fmt: skip
-    proc = start(tmp_path, 2, *JOB, "checkpoint.every_n_steps=0")
-    wait_for(lambda: 16 in steps_saved(tmp_path), "the end of the first epoch")
-    if signum == signal.SIGINT:  # while it runs: a job on one node listens on loopback alone
-        assert listening_addresses(proc.pid) <= {"127.0.0.1", "::1"}, listening_addresses(proc.pid)
-    if target == "agent":  # what some schedulers signal: torchrun itself, not the launch script
-        os.kill(torchrun_agent(proc.pid), signum)
-    else:  # Ctrl-C: the terminal signals the whole foreground group
-        os.killpg(proc.pid, signum)
-    returned, output = finish(proc)
-    assert returned == code, output[-3000:]
-    assert f"stopped by {signal.Signals(signum).name} after step" in output
-    assert "Traceback" not in output and "SignalException" not in output, "no agent's traceback over the workers' line"
-    assert 16 < steps_saved(tmp_path)[-1] < LAST_STEP, "a checkpoint at the step it stopped"
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -257,25 +216,55 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie is gone
 
 
-@pytest.mark.parametrize("victim", ["agent", "launcher"])
-def test_sigkill_of_the_agent_takes_its_workers_and_a_relaunch_resumes_alone(
-    reference: Path, tmp_path: Path, victim: str
+def newest_record(run_dir: Path) -> int:
+    """The highest step metrics.jsonl holds (0 before any), read while a job may be writing it."""
+    try:
+        return max((record["step"] for record in read_metrics(run_dir)), default=0)
+    except (FileNotFoundError, ValueError):  # not there yet, or a line half written
+        return 0
+
+
+# Ctrl-C to the whole group, a hangup (a closed terminal), SIGTERM to torchrun itself (what some
+# schedulers signal); SIGKILL of torchrun or of the launch script. SIGTERM to the whole group (a
+# scheduler's): test_resume_on_other_world_sizes_sees_every_sample_once.
+STOPS = [("group", signal.SIGINT, 130), ("group", signal.SIGHUP, 129), ("agent", signal.SIGTERM, 143),
+         ("agent", signal.SIGKILL, None), ("launcher", signal.SIGKILL, None)]  # fmt: skip
+
+
+def test_one_run_stopped_by_each_signal_and_kill_resumes_each_time_and_ends_bit_identical(
+    reference: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    proc = start(run_dir, 2, *JOB)
-    wait_for(lambda: 10 in steps_saved(run_dir), "the checkpoint of step 10")
-    workers = [worker_pid(run_dir, rank) for rank in (0, 1)]
-    os.kill(torchrun_agent(proc.pid) if victim == "agent" else proc.pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    wait_for(lambda: not any(alive(pid) for pid in workers), "the workers to die with their agent", timeout=15)
-    assert time.monotonic() - killed_at < 15
-    finish(proc)
-    steps_after = steps_saved(run_dir)
-    time.sleep(1)
-    assert steps_saved(run_dir) == steps_after, "nothing written after the kill"
-    if victim == "agent":  # the relaunch is the same either way: once is enough
-        run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB])
-        assert_bit_identical(reference, run_dir, step=LAST_STEP)
+    for target, signum, code in STOPS:
+        before = newest_record(run_dir)  # a kill leaves records past its checkpoint: wait for this launch's own
+        proc = start(run_dir, 2, *JOB)
+        wait_for(lambda before=before: newest_record(run_dir) > before, f"a step past {before}")
+        if signum == signal.SIGINT:  # while it runs: a job on one node listens on loopback alone
+            assert listening_addresses(proc.pid) <= {"127.0.0.1", "::1"}, listening_addresses(proc.pid)
+        workers = [worker_pid(run_dir, rank) for rank in (0, 1)]
+        pid = {"group": -proc.pid, "agent": torchrun_agent(proc.pid), "launcher": proc.pid}[target]
+        os.kill(pid, signum)  # a negative pid: the whole group, as a terminal signals its foreground job
+        killed_at = time.monotonic()
+        if signum == signal.SIGKILL:  # the workers die with their agent, and nothing is written after
+            wait_for(lambda w=workers: not any(map(alive, w)), "the workers to die with their agent", timeout=15)
+            assert time.monotonic() - killed_at < 15
+            finish(proc)
+            steps_after = steps_saved(run_dir)
+            time.sleep(1)
+            assert steps_saved(run_dir) == steps_after, "nothing written after the kill"
+            continue
+        returned, output = finish(proc)
+        assert returned == code, output[-3000:]
+        stopped = re.findall(rf"stopped by {signal.Signals(signum).name} after step (\d+)", output)
+        assert stopped and "Traceback" not in output and "SignalException" not in output, output[-3000:]
+        assert steps_saved(run_dir)[-1] == int(stopped[0]) < LAST_STEP, "a checkpoint at the step it stopped"
+    resumed_from = steps_saved(run_dir)[-1]
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={run_dir}", *JOB])
+    assert f"step_{resumed_from:08d}.pt" in proc.stderr
+    assert_bit_identical(reference, run_dir, step=LAST_STEP)
+    steps = [r["step"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)), "metrics of redone steps are not repeated"
+    assert starts_logged(run_dir) == len(STOPS) + 1
 
 
 def test_a_diverging_resume_stops_naming_the_step_and_keeps_finite_checkpoints(reference: Path, tmp_path: Path) -> None:
