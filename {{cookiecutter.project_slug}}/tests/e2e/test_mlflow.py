@@ -1,6 +1,7 @@
 """MLflow through real jobs whose rank 0 (the trackers' process) is SIGKILLed and restarted by torchrun:
 one MLflow run, every logged step in it once, read back from a real tracking server (SQLite) on
-127.0.0.1; and no password reaches anything written."""
+127.0.0.1; and no password reaches anything written. With W&B chosen too, the same job runs it beside
+MLflow (offline: tracker_jobs.py), and its run is checked as test_wandb.py checks one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from ..helpers import PYTHON, free_port
-from .tracker_jobs import LAST_STEP, points_of_metrics_jsonl, records, run_and_kill
+from .tracker_jobs import (
+    HAS_WANDB,
+    LAST_STEP,
+    assert_one_wandb_run_with_every_step_once,
+    points_of_metrics_jsonl,
+    records,
+    run_and_kill,
+    wandb_offline,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -60,23 +69,32 @@ def mlflow_server(tmp_path_factory) -> Iterator[str]:
             server.wait()
 
 
-def test_mlflow_run_survives_a_sigkill_with_every_step_once_and_no_password(mlflow_server: str, tmp_path: Path) -> None:
+def test_mlflow_run_survives_a_sigkill_with_every_step_once_and_no_password(
+    mlflow_server: str, tmp_path: Path, monkeypatch
+) -> None:
     from mlflow import MlflowClient
 
     password = "pw-4a7c19e"  # the server asks for none; the client sends it: it must be written nowhere
     uri = mlflow_server.replace("http://", f"http://tester:{password}@")
     run_dir = tmp_path / "run"
+    beside = []
+    if HAS_WANDB:  # one job for both trackers: each must hold every step once
+        wandb_offline(monkeypatch, tmp_path / "wandb_home")
+        beside = ["log.wandb=true"]
     output = run_and_kill(run_dir, "log.mlflow=true", f"log.mlflow_tracking_uri={uri}",
-                          f"log.mlflow_experiment={tmp_path.name}")  # fmt: skip
+                          f"log.mlflow_experiment={tmp_path.name}", *beside)  # fmt: skip
     assert password not in output, "nor on the console"
     written = [path for path in run_dir.rglob("*") if path.is_file() and password.encode() in path.read_bytes()]
-    assert written == [], "the checkpoints, config.yaml, .hydra/, the logs: redacted everywhere"
+    assert written == [], "the checkpoints, config.yaml, .hydra/, the logs, W&B's files: redacted everywhere"
+    if HAS_WANDB:
+        assert_one_wandb_run_with_every_step_once(run_dir, output)
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name(tmp_path.name)
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1, "the restart continued the run"
     mlflow_run = runs[0]
-    assert json.loads((run_dir / "trackers.json").read_text()) == {"mlflow": mlflow_run.info.run_id}
+    kept = json.loads((run_dir / "trackers.json").read_text())
+    assert kept["mlflow"] == mlflow_run.info.run_id and kept.keys() == {"mlflow", *(["wandb"] if HAS_WANDB else [])}
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["trainer.epochs"] == "4" and mlflow_run.data.params["model._target_"]
     assert mlflow_run.data.params["log.mlflow_tracking_uri"] == uri.replace(password, "***")

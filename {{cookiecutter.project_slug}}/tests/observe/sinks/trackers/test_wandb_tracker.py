@@ -3,6 +3,7 @@ itself wrote (the tracker through real jobs: e2e/test_wandb.py)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,13 @@ def test_the_offline_reader_finds_the_last_step_that_wandb_wrote(wandb_home: Pat
 
 
 def test_a_wandb_row_waits_for_a_later_step_so_a_validation_after_a_restart_still_joins_it(
-    wandb_home: Path, tmp_path: Path
+    wandb_home: Path, tmp_path: Path, monkeypatch
 ) -> None:
     # SIGTERM in an epoch's last step checkpoints that step before its validation runs; the restart
     # validates it. A W&B row takes no values once written: step 16's must not be written before.
+    # The command line holds a password (another tracker's URI): W&B writes its args down, redacted.
+    password = "pw-83d1f0"
+    monkeypatch.setattr("sys.argv", ["train.py", f"log.mlflow_tracking_uri=http://me:{password}@host"])
     from wandb.proto import wandb_internal_pb2
 
     from {{cookiecutter.package_name}}.observe.sinks.trackers.wandb_tracker import WandbTracker, transaction_log
@@ -99,3 +103,6 @@ def test_a_wandb_row_waits_for_a_later_step_so_a_validation_after_a_restart_stil
                 names = [name for name in names if not name.startswith("_")]
                 rows.append((record.history.step.num, names))
     assert rows == [(8, ["train/loss"]), (16, ["train/loss", "val/loss"]), (20, ["train/loss"])]
+    files = [path for path in (tmp_path / "wandb").rglob("*") if path.is_file()]
+    written = [path for path in files if password.encode() in path.read_bytes()]
+    assert written == [] and sys.argv[1].endswith(f":{password}@host"), "redacted for W&B alone"

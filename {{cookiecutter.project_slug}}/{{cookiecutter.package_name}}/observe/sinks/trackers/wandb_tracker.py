@@ -12,12 +12,14 @@ import logging
 import netrc
 import os
 import struct
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ....common.run_dir import redact_override
 from ....config import LogConfig, require_choice
 from .records import Held, Record
 
@@ -112,17 +114,23 @@ class WandbTracker:
         self.row_step = -1
 
     def _init(self, run_id: str | None, plain_config: dict[str, Any] | None = None) -> None:
-        self.run = self.wandb.init(
-            project=self.config.wandb_project,
-            entity=self.config.wandb_entity or None,
-            name=self.run_dir.name,
-            id=run_id,
-            resume="allow",
-            mode=self.mode,
-            dir=str(self.run_dir),
-            config=plain_config,
-            settings=self.wandb.Settings(console="off"),  # the run dir's logs/ already keep the console
-        )
+        # W&B writes the command line into the run (its metadata, read from sys.argv as it starts):
+        # it sees the overrides with their secrets redacted, as .hydra/ does; the job keeps the real ones.
+        argv, sys.argv = sys.argv, [sys.argv[0], *map(redact_override, sys.argv[1:])]
+        try:
+            self.run = self.wandb.init(
+                project=self.config.wandb_project,
+                entity=self.config.wandb_entity or None,
+                name=self.run_dir.name,
+                id=run_id,
+                resume="allow",
+                mode=self.mode,
+                dir=str(self.run_dir),
+                config=plain_config,
+                settings=self.wandb.Settings(console="off"),  # the run dir's logs/ already keep the console
+            )
+        finally:
+            sys.argv = argv
         self.row, self.row_step = {}, -1
 
     def resume(self, run_id: str) -> Held | None:
