@@ -26,7 +26,8 @@ def fake_slurm(tmp_path: Path, monkeypatch) -> Path:
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text('#!/bin/bash\nn=$(( $(ls "$CALLS" | wc -l) + 41 ))\n'
                                     'printf "%s\\n" "$@" > "$CALLS/$n"\necho "$n;cluster"\n')  # fmt: skip
-    (bin_dir / "squeue").write_text('#!/bin/bash\ncat "$QUEUE" 2>/dev/null; : > "$QUEUE"\n')
+    (bin_dir / "squeue").write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$CALLS/../squeue_args"\n'
+                                    'cat "$QUEUE" 2>/dev/null; : > "$QUEUE"\n')  # fmt: skip
     for tool in ("sbatch", "squeue"):
         (bin_dir / tool).chmod(0o755)
     (tmp_path / "calls").mkdir()
@@ -71,6 +72,8 @@ def test_a_point_whose_job_is_still_queued_is_waited_for_not_submitted_twice(fak
     (fake_slurm / "queue").write_text("7\n")
     rows = cluster_sweep.cluster_sweep(launch(), [(0, POINT, run_dir)])
     assert not list((fake_slurm / "calls").iterdir()) and rows[0]["job"] == "7"
+    asked = (fake_slurm / "squeue_args").read_text().splitlines()
+    assert asked == ["-h", "-o", "%i", "-j", "7"], "the sweep's own jobs, ids alone, no header"
     assert "job 7 still in the queue, waited for" in capsys.readouterr().out
 
 

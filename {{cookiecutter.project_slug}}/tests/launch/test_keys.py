@@ -80,3 +80,6 @@ def test_help_lists_every_key_with_its_default() -> None:
         if "multi" in key.modes:
             assert re.search(rf"^  {key.name} +{re.escape(key.default or '-')} ", text, flags=re.M), key.name
     assert "RDZV_LAST_CALL_S" in text and "RUN_DIR" in text and "SWEEP_DIR" not in text
+    scripts = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh", "k8s": "k8s_job.sh"}
+    for mode, script in scripts.items():
+        assert usage(mode).startswith(f"usage: bash scripts/{script} [KEY=VALUE ...]"), mode

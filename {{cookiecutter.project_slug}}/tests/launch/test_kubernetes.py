@@ -59,7 +59,9 @@ def check_pod_template(manifest: dict[str, Any]) -> None:
 
 def test_an_elastic_job_is_a_pytorchjob_the_operator_and_kubernetes_accept() -> None:
     manifest = job("IMAGE=registry.example/ddp:1", "NNODES=2:4", "NPROC_PER_NODE=8", "RUN_NAME=exp1",
-                   "SHUTDOWN_TIMEOUT_S=120", "task=classification", "model=resnet50", "trainer.epochs=90")  # fmt: skip
+                   "SHUTDOWN_TIMEOUT_S=120", "NAMESPACE=team-a", "task=classification", "model=resnet50",
+                   "trainer.epochs=90")  # fmt: skip
+    assert manifest["metadata"] == {"name": "exp1", "namespace": "team-a"}
     parsed = check_against_kubeflow(manifest)
     check_pod_template(manifest)
     policy = parsed.spec.elastic_policy

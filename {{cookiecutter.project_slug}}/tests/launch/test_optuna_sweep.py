@@ -32,3 +32,16 @@ def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_
     with pytest.raises(SystemExit) as refused:
         main(["single", "-m", "hydra/sweeper=optuna", *SWEEP_JOB])
     assert refused.value.code == 2 and "found no search space" in capsys.readouterr().err
+
+
+def test_hydras_search_spaces_become_optunas_distributions() -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from {{cookiecutter.package_name}}.launch.optuna_sweep import distribution
+
+    spaces = ["a=int(interval(2,9))", "b=tag(log,interval(0.01,0.3))", "c=range(4,13,4)", "d=range(0.5,1.5,0.5)",
+              "e=choice(sgd,adamw)"]  # fmt: skip
+    got = [distribution(override) for override in OverridesParser.create().parse_overrides(spaces)]
+    assert got == [IntDistribution(2, 9), FloatDistribution(0.01, 0.3, log=True), IntDistribution(4, 12, step=4),
+                   CategoricalDistribution([0.5, 1.0]), CategoricalDistribution(["sgd", "adamw"])]  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch.main import main
 from {{cookiecutter.package_name}}.launch.supervise import Forwarder
-from {{cookiecutter.package_name}}.launch.sweep import results_table, sweep_points
+from {{cookiecutter.package_name}}.launch.sweep import point_dir_name, results_table, sweep_points
 
 from ..helpers import SWEEP_JOB, quick_jobs
 
@@ -26,7 +26,11 @@ def test_sweep_points_are_the_product_of_the_lists() -> None:
     table = results_table([{"point": 0, "overrides": ["optim.lr=0.1"], "status": "done", "reason": "",
                             "final": {"val_loss": 0.5, "val_acc": 0.9, "val_samples": 10}}])  # fmt: skip
     assert table.splitlines()[0] == "| point | overrides | status | val_loss | val_acc | val_samples |"
+    assert table.splitlines()[1] == "| --- | --- | --- | --- | --- | --- |", "Markdown's header row"
     assert table.splitlines()[2] == "| 0 | optim.lr=0.1 | done | 0.5 | 0.9 | 10 |"
+    # A point's run dir: its number, and its swept overrides (added, removed or set) in a name a shell takes.
+    point = ["+Xy=1", "~c", "trainer.epochs=1", "d=a b/c"]
+    assert point_dir_name(7, point, {"Xy", "c", "d"}) == "007_+Xy=1,_c,d=a_b_c"
 
 
 def test_a_sweep_runs_each_point_once_in_its_own_run_dir_and_tabulates_them(tmp_path: Path, monkeypatch, capsys):
