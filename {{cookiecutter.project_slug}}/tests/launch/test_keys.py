@@ -20,6 +20,8 @@ def test_the_command_line_is_sorted_into_keys_hydra_flags_overrides_and_torchrun
     assert args.hydra_flags == ["--cfg", "job"] and args.overrides == ["model=resnet18", "optim.lr=0.1,0.2"]
     assert args.torchrun_flags == ["--log-dir=/tmp/x", "--redirects=3"]
     assert parse_args(["--info", "defaults", "--help"], "single").hydra_flags == ["--info", "defaults"]
+    assert parse_args(["--multirun", "optim.lr=0.1,0.2"], "single").multirun, "-m's long form"
+    assert parse_args(["--help"], "single").help and parse_args(["-h"], "multi").help
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch import main as launch_module
 from {{cookiecutter.package_name}}.launch.main import main
+
+from ..helpers import SWEEP_JOB, free_port, quick_jobs
 
 
 @pytest.mark.parametrize(("overrides", "message"), [(["dist.backend=nccl"], "dist.backend=nccl needs a GPU"),
@@ -33,3 +36,35 @@ def test_a_refused_launch_exits_2_with_one_line_and_leaves_no_run_dir(tmp_path: 
     err = capsys.readouterr().err
     assert err == "error: data.batch_size must be a whole number >= 1, got 0\n", err
     assert not (tmp_path / "outputs").exists(), "a refused launch must not create a run dir"
+
+
+def test_a_job_runs_in_the_run_dir_given_and_submit_keys_need_a_sweep(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    assert main(["single", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'mine'}", *SWEEP_JOB]) == 0
+    assert calls == [SWEEP_JOB] and (tmp_path / "mine" / "metrics.jsonl").is_file()
+    assert not (tmp_path / "outputs").exists(), "RUN_DIR, not a new run dir under outputs/"
+    with pytest.raises(SystemExit) as exited:
+        main(["single", "SUBMIT_ARGS=--time=10", *SWEEP_JOB])
+    assert exited.value.code == 2 and len(calls) == 1
+    assert capsys.readouterr().err == (
+        "error: SUBMIT and SUBMIT_ARGS submit a sweep's points: give -m and a sweep, or leave them out\n"
+    )
+
+
+def test_a_nodes_launch_takes_the_defaults_of_scripts_cluster_env(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "cluster.env").write_text(f"MASTER_ADDR=127.0.0.1\nMASTER_PORT={free_port()}\nNNODES=1\n")
+    calls: list[list[str]] = []
+    launches = []
+    job = quick_jobs(calls)
+
+    def torchrun(launch, *args, **kwargs) -> int:
+        launches.append(launch)
+        return job(launch, *args, **kwargs)
+
+    monkeypatch.setattr(job_module, "torchrun", torchrun)
+    assert main(["multi", "NODE_RANK=0", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'run'}", *SWEEP_JOB]) == 0
+    assert launches[0].values["MASTER_ADDR"] == "127.0.0.1" and launches[0].values["NNODES"] == "1"
