@@ -7,6 +7,8 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch.main import main
 from {{cookiecutter.package_name}}.launch.supervise import Forwarder
@@ -76,3 +78,21 @@ def test_a_sweep_stops_at_the_point_a_signal_stopped(tmp_path: Path, monkeypatch
     assert f"sweep stopped by a signal: launch again with SWEEP_DIR={sweep_dir} to continue" in capsys.readouterr().out
     assert json.loads((sweep_dir / "000_optim.lr=0.1" / "sweep_point.json").read_text())["status"] == "stopped"
     assert not (sweep_dir / "results.md").exists()
+
+
+def test_a_sweep_without_a_sweep_dir_gets_a_new_one_and_one_that_follows_the_config_is_refused(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    assert main(["single", "NPROC_PER_NODE=1", "-m", "optim.lr=0.1,0.05", *SWEEP_JOB]) == 0
+    (made,) = (tmp_path / "outputs").iterdir()
+    assert made.name.startswith("sweep_") and (made / "results.md").is_file() and len(calls) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["single", "SWEEP_DIR=outputs/${model._target_}", "-m", "optim.lr=0.1,0.05", *SWEEP_JOB])
+    assert exited.value.code == 2 and len(calls) == 2
+    assert capsys.readouterr().err == (
+        "error: SWEEP_DIR=outputs/${model._target_}: a sweep dir holds the runs of several configs, so it cannot "
+        "follow one (${...}): give a plain path\n"
+    )
