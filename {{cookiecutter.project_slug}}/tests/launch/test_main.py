@@ -68,3 +68,18 @@ def test_a_nodes_launch_takes_the_defaults_of_scripts_cluster_env(tmp_path: Path
     monkeypatch.setattr(job_module, "torchrun", torchrun)
     assert main(["multi", "NODE_RANK=0", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'run'}", *SWEEP_JOB]) == 0
     assert launches[0].values["MASTER_ADDR"] == "127.0.0.1" and launches[0].values["NNODES"] == "1"
+
+
+@pytest.mark.parametrize(("code", "said"), [(0, "warning: {} (torchrun restarted them)"), (1, "error: {}")])
+def test_workers_the_kernel_killed_for_memory_are_named_in_one_line(tmp_path: Path, monkeypatch, capsys, code: int,
+                                                                    said: str) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs([], code=code))
+    counts = iter([3, 4])  # the cgroup's oom_kill count before the job and after: one worker killed
+    monkeypatch.setattr(job_module, "oom_kills", lambda: next(counts))
+    assert main(["single", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'run'}", *SWEEP_JOB]) == code
+    line = (
+        "the kernel's out-of-memory killer ended 1 process(es) of this job: lower NPROC_PER_NODE or data.batch_size, "
+        "or give the job more memory"
+    )
+    assert said.format(line) in capsys.readouterr().err.splitlines()
