@@ -31,7 +31,8 @@ def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_
     assert main(list(command)) == 0 and calls == [], "finished trials are told to the study again, not rerun"
     again = [item.replace(str(tmp_path / "sweep"), str(tmp_path / "again")) for item in command]
     assert main(again) == 0 and len(calls) == 3
-    trials_again = [json.loads((tmp_path / "again" / f"00{i}_trial" / "sweep_point.json").read_text()) for i in range(3)]
+    again_dir = tmp_path / "again"
+    trials_again = [json.loads((again_dir / f"00{i}_trial" / "sweep_point.json").read_text()) for i in range(3)]
     rates_again = [trial["params"]["optim.lr"] for trial in trials_again]
     assert rates_again == rates, "the sampler's seed (hydra.sweeper.seed): the same trials in a new sweep dir"
     with pytest.raises(SystemExit) as refused:
