@@ -248,9 +248,11 @@ def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
     said = logging.getLogger(type(writer).__mro__[1].__module__)  # the writer's log, which the commit uses
     said.setLevel(logging.INFO)
     said.addHandler(lines := logging.handlers.BufferingHandler(100))
+    store, sent = writer.store, []
+    put_file = store.fs.put_file  # each object of step 1 sent once: the ranks their shards, the writer trainer.pt
+    store.fs.put_file = lambda source, target, **kwargs: sent.append(target) or put_file(source, target, **kwargs)
     saved = [writer.save(1, state), writer.save(1, state)]
     writer.wait()
-    store = writer.store
     uploaded = sorted(path.rsplit("/", 1)[-1] for path in store.fs.ls(f"{store.root}/step_00000001", detail=False))
 
     def full(*args: object) -> None:
@@ -262,7 +264,8 @@ def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
         writer.wait()
     except JobError as error:
         refused = str(error)
-    return {"saved": saved, "last": writer.last_saved_step, "names": store.names(), "uploaded": uploaded,
+    sent = sorted(target.rsplit("/", 1)[-1] for target in sent if "/step_00000001/" in target)
+    return {"saved": saved, "last": writer.last_saved_step, "names": store.names(), "uploaded": uploaded, "sent": sent,
             "refused": refused, "written": written, "said": [line.getMessage() for line in lines.buffer]}  # fmt: skip
 
 
@@ -270,6 +273,7 @@ def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_pat
     result = on_ranks(1, save_to_a_store, tmp_path)[0]
     assert result["saved"] == [True, False] and result["last"] == 2, "a step is saved once"
     assert result["uploaded"] == [".metadata", "__0_0.distcp", "trainer.pt"], "this rank's shards, then trainer.pt"
+    assert result["sent"] == result["uploaded"], "each object sent once"
     assert result["names"] == ["step_00000001"], "whole in the store; step 2, never written, is not there"
     assert result["written"] == [1] and len(result["said"]) == 1, result["said"]
     folder = tmp_path / "run" / "checkpoints"
