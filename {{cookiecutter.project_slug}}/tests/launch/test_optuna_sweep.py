@@ -51,3 +51,14 @@ def test_hydras_search_spaces_become_optunas_distributions() -> None:
     got = [distribution(override) for override in OverridesParser.create().parse_overrides(spaces)]
     assert got == [IntDistribution(2, 9), FloatDistribution(0.01, 0.3, log=True), IntDistribution(4, 12, step=4),
                    CategoricalDistribution([0.5, 1.0]), CategoricalDistribution(["sgd", "adamw"])]  # fmt: skip
+
+
+def test_the_best_trial_is_picked_among_the_trials_that_finished(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    jobs = [quick_jobs(calls, code=1), quick_jobs(calls)]  # the first trial fails, leaving a figure behind
+    monkeypatch.setattr(job_module, "torchrun", lambda *args, **kwargs: jobs[min(len(calls), 1)](*args, **kwargs))
+    space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize",
+             "optim.lr=choice(0.3)"]  # fmt: skip
+    assert main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *SWEEP_JOB]) == 1
+    assert len(calls) == 2 and "best trial: 1 (" in capsys.readouterr().out, "not the failed one, as good as it looks"

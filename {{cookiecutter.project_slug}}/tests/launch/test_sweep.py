@@ -60,7 +60,12 @@ def test_a_sweep_runs_each_point_once_in_its_own_run_dir_and_tabulates_them(tmp_
     assert capsys.readouterr().out.count("done before, not trained again") == 2
 
 
-def test_a_sweep_stops_at_the_point_a_signal_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
+@pytest.mark.parametrize(
+    ("space", "first"),
+    [(["optim.lr=0.1,0.05"], "000_optim.lr=0.1"),
+     (["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=interval(0.01,0.3)"], "000_trial")],
+)  # fmt: skip
+def test_a_sweep_stops_at_the_point_a_signal_stopped(tmp_path: Path, monkeypatch, capsys, space, first) -> None:
     monkeypatch.chdir(tmp_path)
     calls: list[list[str]] = []
     monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls, code=128 + signal.SIGTERM))
@@ -73,10 +78,10 @@ def test_a_sweep_stops_at_the_point_a_signal_stopped(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(Forwarder, "__init__", signalled)
     sweep_dir = tmp_path / "sweep"
-    code = main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", "optim.lr=0.1,0.05", *SWEEP_JOB])
-    assert code == 143 and len(calls) == 1, "the second point never starts"
+    code = main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", *space, *SWEEP_JOB])
+    assert code == 143 and len(calls) == 1, "the second point (or trial) never starts"
     assert f"sweep stopped by a signal: launch again with SWEEP_DIR={sweep_dir} to continue" in capsys.readouterr().out
-    assert json.loads((sweep_dir / "000_optim.lr=0.1" / "sweep_point.json").read_text())["status"] == "stopped"
+    assert json.loads((sweep_dir / first / "sweep_point.json").read_text())["status"] == "stopped"
     assert not (sweep_dir / "results.md").exists()
 
 
