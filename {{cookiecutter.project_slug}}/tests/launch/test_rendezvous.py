@@ -11,7 +11,13 @@ import time
 import pytest
 
 from {{cookiecutter.package_name}}.launch.keys import LaunchError
-from {{cookiecutter.package_name}}.launch.rendezvous import NodeZeroWatch, check_rendezvous, has_children, require_free_port
+from {{cookiecutter.package_name}}.launch.rendezvous import (
+    NodeWait,
+    NodeZeroWatch,
+    check_rendezvous,
+    has_children,
+    require_free_port,
+)
 
 from ..helpers import free_port, planned
 
@@ -99,3 +105,17 @@ def test_a_process_whose_threads_come_and_go_has_no_children_until_it_starts_one
         subprocess.run(["pkill", "-P", str(proc.pid)])
         proc.kill()
         proc.wait()
+
+
+def test_a_node_says_once_after_10_s_that_it_waits_for_the_others_and_gives_up_at_its_limit(capsys) -> None:
+    values = {"NNODES": "3", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+              "WAIT_FOR_NODES_S": "60"}  # fmt: skip
+    wait = NodeWait(values)
+    assert [wait.overdue(waited) for waited in (0.0, 9.9)] == [False, False] and capsys.readouterr().out == ""
+    assert [wait.overdue(waited) for waited in (10.0, 30.0, 59.9)] == [False, False, False]
+    assert capsys.readouterr().out == (
+        "waiting for all of NNODES=3 nodes to join at 10.0.0.1:29500 (up to WAIT_FOR_NODES_S=60 s)\n"
+    ), "said once"
+    assert wait.overdue(60.0)
+    short = NodeWait({**values, "WAIT_FOR_NODES_S": "4"})  # a limit under 10 s: said at the limit
+    assert short.overdue(4.0) and "up to WAIT_FOR_NODES_S=4 s" in capsys.readouterr().out
