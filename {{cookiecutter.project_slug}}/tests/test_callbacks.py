@@ -13,6 +13,7 @@ import torch
 
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.datasets import synthetic_images
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 
@@ -69,14 +70,19 @@ def test_a_frozen_backbone_stays_put_until_its_step_then_trains(tmp_path: Path, 
 
 
 def test_a_figure_every_k_steps_and_a_second_validation_set_reach_metrics_jsonl(tmp_path: Path) -> None:
-    """The second set is the validation set itself here: its figures equal the validation's at that step."""
-    dataset = "+callbacks.val2.dataset"
+    """val2 is the validation set itself: its figures equal the validation's at that step. `other` is
+    another set (seed 1): its figures are its own, as run.evaluate gives them for the weights of step 2."""
+    dataset, other = "+callbacks.val2.dataset", "+callbacks.other.dataset"
     run = trainer(tmp_path, "trainer.max_steps=2", "trainer.val_every_n_steps=1", "data.train_size=256",
                   f"+callbacks.norm._target_={PACKAGE}.callbacks.LogWeightNorm", "+callbacks.norm.every=2",
                   f"+callbacks.val2._target_={PACKAGE}.callbacks.SecondValidation", "+callbacks.val2.every=1",
                   f"{dataset}._target_={PACKAGE}.datasets.synthetic_images", f"{dataset}.num_classes=10",
                   f"{dataset}.image_size=32", f"{dataset}.train_size=8", f"{dataset}.val_size=16",
-                  f"{dataset}.seed=0")  # fmt: skip
+                  f"{dataset}.seed=0",
+                  f"+callbacks.other._target_={PACKAGE}.callbacks.SecondValidation", "+callbacks.other.every=2",
+                  "+callbacks.other.name=other", f"{other}._target_={PACKAGE}.datasets.synthetic_images",
+                  f"{other}.num_classes=10", f"{other}.image_size=32", f"{other}.train_size=8",
+                  f"{other}.val_size=8", f"{other}.seed=1")  # fmt: skip
     run.fit()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     norms = [(r["step"], r["weights/norm"]) for r in records if "weights/norm" in r]
@@ -86,6 +92,11 @@ def test_a_figure_every_k_steps_and_a_second_validation_set_reach_metrics_jsonl(
     for step in (1, 2):
         assert val2[(step, "val2/loss")] == val[step]["val_loss"]
         assert val2[(step, "val2/acc")] == val[step]["val_acc"]
+    figures = run.callbacks.run.evaluate(synthetic_images(num_classes=10, image_size=32, train_size=8, val_size=8,
+                                                          seed=1)[1])  # fmt: skip
+    logged = {(r["step"], name): value for r in records for name, value in r.items() if name.startswith("other/")}
+    assert logged == {(2, "other/loss"): figures["loss"], (2, "other/acc"): figures["acc"]}
+    assert figures["loss"] != val[2]["val_loss"], "the other set's figures, not the validation set's"
 
 
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
