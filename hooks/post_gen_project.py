@@ -47,6 +47,7 @@ UNCHOSEN_FILES = {
         f"{PACKAGE}/observe/sinks/trackers/wandb_tracker.py",
         "tests/observe/sinks/trackers/test_wandb_tracker.py",
         "tests/e2e/test_wandb.py",
+        "tests/e2e/wandb_jobs.py",
     ],
     ("trackers", "no"): [
         f"{PACKAGE}/observe/sinks/trackers",

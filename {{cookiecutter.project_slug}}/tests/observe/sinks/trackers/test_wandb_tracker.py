@@ -75,9 +75,9 @@ def test_a_wandb_row_waits_for_a_later_step_so_a_validation_after_a_restart_stil
 ) -> None:
     # SIGTERM in an epoch's last step checkpoints that step before its validation runs; the restart
     # validates it. A W&B row takes no values once written: step 16's must not be written before.
-    # The command line holds a password (another tracker's URI): W&B writes its args down, redacted.
+    # The command line holds a password (in a URI): W&B writes its args down, redacted.
     password = "pw-83d1f0"
-    monkeypatch.setattr("sys.argv", ["train.py", f"log.mlflow_tracking_uri=http://me:{password}@host"])
+    monkeypatch.setattr("sys.argv", ["train.py", f"+data.source=https://me:{password}@host/images"])
     from wandb.proto import wandb_internal_pb2
 
     from {{cookiecutter.package_name}}.observe.sinks.trackers.wandb_tracker import WandbTracker, transaction_log
@@ -105,4 +105,4 @@ def test_a_wandb_row_waits_for_a_later_step_so_a_validation_after_a_restart_stil
     assert rows == [(8, ["train/loss"]), (16, ["train/loss", "val/loss"]), (20, ["train/loss"])]
     files = [path for path in (tmp_path / "wandb").rglob("*") if path.is_file()]
     written = [path for path in files if password.encode() in path.read_bytes()]
-    assert written == [] and sys.argv[1].endswith(f":{password}@host"), "redacted for W&B alone"
+    assert written == [] and sys.argv[1].endswith(f":{password}@host/images"), "redacted for W&B alone"
