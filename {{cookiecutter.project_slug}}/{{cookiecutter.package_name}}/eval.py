@@ -6,11 +6,10 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from .common.processes import exit_now
 from .config import config_dir, let_group_keys_through
-from .engine.assembly.entry import prepare, run_eval
+from .engine.assembly.entry import prepare, record, run_eval
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="eval")

@@ -20,7 +20,6 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Subset
 
 from .common.errors import ConfigError
@@ -31,7 +30,7 @@ from .config import PredictConfig, config_dir, let_group_keys_through
 from .config.values import require
 from .datasets.collate import model_forward, to_device
 from .engine.assembly.components import build_datasets, build_task
-from .engine.assembly.entry import checkpoint_config, checkpoint_model, prepare, reporting_user_errors
+from .engine.assembly.entry import checkpoint_config, checkpoint_model, prepare, record, reporting_user_errors
 from .engine.checkpoint.files import write_atomically
 from .engine.data.loader import KeyedDataset, loader_options
 from .engine.distributed.process_group import all_gather_bytes, all_gather_int, distributed, process_env

@@ -5,11 +5,10 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from .common.processes import exit_now
 from .config import config_dir
-from .engine.assembly.entry import prepare, run_train
+from .engine.assembly.entry import prepare, record, run_train
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="train")

@@ -1,17 +1,19 @@
 """engine/assembly/entry.py, what a worker fixes up before training: the legacy launcher's argument (the checks it
 runs as it starts: tests/engine/assembly/test_checks.py); a refusal under the launcher, told to it and to the other
-nodes."""
+nodes; the error file torchrun's agent reads of a failed worker."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV, FAILED_MARKER, REFUSED
-from {{cookiecutter.package_name}}.engine.assembly.entry import accept_legacy_local_rank, refuse, reporting_user_errors
+from {{cookiecutter.package_name}}.engine.assembly.entry import accept_legacy_local_rank, record, refuse, reporting_user_errors
 from {{cookiecutter.package_name}}.engine.distributed.process_group import REFUSED_KEY
 
 
@@ -89,3 +91,45 @@ def test_the_echo_of_another_ranks_stop_ends_quietly_a_real_error_does_not(tmp_p
     said = capfd.readouterr().err
     assert worker.exitcode == (0 if stopped else 1)
     assert ("Traceback" in said and "Connection closed by peer" in said) != stopped, said
+
+
+def cut_short(data, out, **_) -> None:
+    """json.dump as the agent's SIGTERM leaves it (it kills a rank outside training, its handler gone)."""
+    out.write(json.dumps(data)[:20])
+    out.flush()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def failing_worker(killed_while_writing: bool) -> None:
+    """A worker whose bug reaches @record, killed in the middle of its error file's write or not."""
+    if killed_while_writing:
+        json.dump = cut_short
+
+    @record
+    def main() -> None:
+        raise RuntimeError("bug in the model on rank 1")
+
+    main()
+
+
+@pytest.mark.parametrize("killed_while_writing", [False, True], ids=["whole", "killed while writing it"])
+def test_the_agent_reads_a_failed_workers_error_file_whole_or_not_at_all(tmp_path, killed_while_writing) -> None:
+    """torchrun's agent reads every failed worker's error file, the ones it SIGTERMed after the first
+    failure too: one cut short by the signal crashed it (JSONDecodeError) instead of naming the rank."""
+    import multiprocessing
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
+    worker = multiprocessing.get_context("fork").Process(target=failing_worker, args=(killed_while_writing,))
+    worker.start()
+    worker.join(30)
+    failure = ProcessFailure(local_rank=1, pid=worker.pid, exitcode=worker.exitcode, error_file=str(error_file))
+    if killed_while_writing:
+        assert worker.exitcode == -signal.SIGTERM and not error_file.exists()
+        assert "SIGTERM" in failure.message
+    else:
+        assert worker.exitcode == 1
+        assert failure.message["message"] == "RuntimeError: bug in the model on rank 1"
+        assert 'raise RuntimeError("bug in the model' in failure.message["extraInfo"]["py_callstack"]

@@ -8,9 +8,12 @@ propagates, after the process group is destroyed, so torchrun sees the failed wo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -19,6 +22,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.distributed.elastic.multiprocessing import errors
 
 from ...common.errors import USER_ERROR_EXIT, ConfigError, JobError, Preempted, fail
 from ...common.placement import DistEnv
@@ -78,6 +82,30 @@ def prepare(argv: list[str]) -> None:
         fail("-m under torchrun would make every rank run the whole sweep: use bash scripts/run_single.sh -m ...")
     register_configs()
     register_resolvers()
+
+
+class WholeErrorFile(errors.ErrorHandler):
+    """torchrun's error handler, whose error file is whole or absent. After a first failed worker,
+    torchrun's agent SIGTERMs the others and reads their error files too (torch 2.14's
+    SubprocessContext._poll): a rank ended by that signal in the middle of writing its own left an
+    empty file, and the agent died of a JSONDecodeError instead of naming the rank that failed."""
+
+    def record_exception(self, e: BaseException) -> None:
+        file = self._get_error_file_path()
+        if not file:
+            return
+        extra = {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}
+        message = {"message": f"{type(e).__name__}: {e}", "extraInfo": extra}  # torch's format
+        partial = f"{file}.partial"
+        with open(partial, "w") as out:
+            json.dump({"message": message}, out)
+        os.replace(partial, file)
+
+
+def record(main: Callable[..., None]) -> Callable[..., None]:
+    """torchrun's @record (a real bug: its failure summary names the rank and shows its traceback),
+    with the error file written whole or not at all."""
+    return errors.record(main, error_handler=WholeErrorFile())
 
 
 def reporting_user_errors(body: Callable[[], None]) -> None:
