@@ -169,6 +169,8 @@ def test_fit_trains_validates_and_checkpoints_every_epoch_then_says_it_has_finis
     validations = [record for record in records if record["kind"] == "val"]
     assert [(r["epoch"], r["step"]) for r in validations] == [(0, 3), (1, 6)], "one validation per epoch, at its end"
     assert validations[-1]["val_loss"] == result.loss and result.samples == 16
+    trains = [record for record in records if record["kind"] == "train"]
+    assert trains and all(0 < record["train_loss"] < 10 for record in trains), "each log interval's mean loss"
     saved = sorted(path.name for path in (tmp_path / "checkpoints").glob("step_*.pt"))
     assert saved == ["step_00000002.pt", "step_00000003.pt", "step_00000004.pt", "step_00000006.pt"]
     assert (tmp_path / FINISHED_MARKER).read_text() == "6\n"

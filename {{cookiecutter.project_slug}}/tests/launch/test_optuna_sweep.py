@@ -17,6 +17,11 @@ def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_
     monkeypatch.chdir(tmp_path)
     calls: list[list[str]] = []
     monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    import optuna
+
+    studies = []
+    create_study = optuna.create_study
+    monkeypatch.setattr(optuna, "create_study", lambda **kwargs: studies.append(create_study(**kwargs)) or studies[-1])
     space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.direction=maximize",
              "optim.lr=tag(log,interval(0.01,0.3))", "optim.momentum=choice(0.8,0.9)"]  # fmt: skip
     command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *SWEEP_JOB]
@@ -27,6 +32,8 @@ def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_
     assert {trial["params"]["optim.momentum"] for trial in trials} <= {0.8, 0.9}
     best = max(range(3), key=lambda i: rates[i])  # val_loss is the rate here, and the direction maximize
     assert f"best trial: {best} (" in capsys.readouterr().out
+    told = [(trial.state, trial.value) for trial in studies[0].trials]  # the sampler learns from what it was told
+    assert told == [(optuna.trial.TrialState.COMPLETE, rate) for rate in rates], "each trial's figure, told"
     calls.clear()
     assert main(list(command)) == 0 and calls == [], "finished trials are told to the study again, not rerun"
     again = [item.replace(str(tmp_path / "sweep"), str(tmp_path / "again")) for item in command]

@@ -1,11 +1,13 @@
 """strategy=fsdp in one process: the refusals before any work, the blocks sharded, bf16 from fp32
-shards, the bytes a rank holds (benchmarks/fsdp_memory.py's figures). The sharded checkpoints:
-tests/engine/checkpoint/test_sharded.py; the jobs themselves (2 and 3 processes, killed, resumed):
-e2e/test_fsdp.py."""
+shards, the bytes a rank holds (benchmarks/fsdp_memory.py's figures); on two ranks, a run switched to
+ddp and back, each way resumed with the weights and the optimizer's state it was saved with. The
+sharded checkpoints: tests/engine/checkpoint/test_sharded.py; the jobs themselves (2 processes,
+killed, resumed): e2e/test_fsdp.py."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,11 +15,15 @@ import torch
 import torchvision
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
+from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import FSDPConfig, to_train_config
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
+from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
 from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, find_blocks, per_rank_bytes
 from {{cookiecutter.package_name}}.models import GPT, SmallCNN
 
-from ...helpers import compose_config, cpu_env, run
+from ...helpers import TINY, assert_same, compose_config, cpu_env, on_ranks, run
 
 
 @pytest.mark.parametrize(
@@ -77,6 +83,30 @@ def test_fsdp_blocks_under_ddp_is_taken_for_activation_checkpointing_only() -> N
     assert config.fsdp.blocks == ["Block"]
 
 
+def test_the_blocks_sharded_are_fsdp_blocks_classes_else_the_automatic_ones_and_the_log_says_which(
+    tmp_path: Path, caplog
+) -> None:
+    import torch.distributed as dist
+
+    from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+
+    caplog.set_level("INFO")
+    small = ["strategy=fsdp", *TINY]
+    language_model = ["strategy=fsdp", "task=language_model", "model.width=32", "model.layers=2",
+                      "data.train_samples=8", "data.val_samples=4"]  # fmt: skip
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # fsdp's mesh needs a group
+    try:
+        for index, overrides in enumerate([[*language_model, "fsdp.blocks=[Linear]"], language_model, small]):
+            build_trainer(to_train_config(compose_config(overrides)), cpu_env(0, 1), tmp_path / str(index))
+    finally:
+        dist.destroy_process_group()
+    said = [record.getMessage() for record in caplog.records if " blocks sharded " in record.getMessage()]
+    assert len(said) == 3 and re.fullmatch(r"fsdp: \d+ blocks sharded \(Linear\) over 1 ranks, then the root", said[0])
+    assert int(said[0].split()[1]) > 2, "each Linear of the 2 blocks, not the blocks; named as fsdp.blocks names them"
+    assert said[1:] == ["fsdp: 2 blocks sharded (Block) over 1 ranks, then the root",
+                        "fsdp: 0 blocks sharded (none) over 1 ranks, then the root"]  # fmt: skip
+
+
 def test_bf16_under_fsdp_computes_in_bf16_from_fp32_shards_and_reduces_the_loss_in_fp32(tmp_path: Path) -> None:
     import torch.distributed as dist
 
@@ -107,3 +137,62 @@ def test_the_bytes_held_are_counted_per_tensor_by_its_element_size_gradients_and
     model[0].weight.grad = torch.ones_like(model[0].weight)  # the others' stay None: nothing held for them
     optimizer.step()  # Adam's state for that one alone: step (a 0-d fp32 tensor), exp_avg, exp_avg_sq
     assert per_rank_bytes(model, optimizer) == {"parameters": 124, "gradients": 12 * 4, "optimizer": 4 + 2 * 12 * 4}
+
+
+# small_cnn (BatchNorm) on 2 ranks, 8 samples each a step: an epoch of 6 steps, checkpoints at steps 4 and 6.
+SWITCH = [*TINY, "model=small_cnn", "data.batch_size=8", "trainer.epochs=1", "checkpoint.every_n_steps=4"]
+
+
+def held(trained) -> dict:
+    """What rank 0 holds of a trainer, gathered whole: its weights and buffers, and each parameter's
+    momentum, by name."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    whole = get_optimizer_state_dict(trained.strategy.model, trained.optimizer, options=options)
+    state = whole.get("state", {})  # rank 0's alone
+    return {"weights": {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()},
+            "momentum": {name: values["momentum_buffer"].clone() for name, values in state.items()}}  # fmt: skip
+
+
+def switch_to_ddp_and_back(env: DistEnv, tmp_path: Path) -> dict:
+    """An fsdp epoch (step 4 saved sharded), continued from step 4 under ddp (which saves step 5 as a
+    .pt), that continued from step 5 under fsdp: each leg's hold once resumed, its first step, its
+    checkpoints and its validation loss at the epoch's end; and the order ddp's optimizer numbers the
+    parameters in (its .pt's optimizer state is keyed by those numbers)."""
+    legs = [("fsdp", ["strategy=fsdp"], None), ("to_ddp", ["strategy=ddp", "checkpoint.every_n_steps=5"],
+            ("fsdp", "step_00000004")), ("back", ["strategy=fsdp"], ("to_ddp", "step_00000005.pt"))]  # fmt: skip
+    found: dict = {}
+    for name, overrides, source in legs:
+        if source is not None and env.rank == 0:
+            (tmp_path / name / "checkpoints").mkdir(parents=True)
+            copy = shutil.copytree if source[0] == "fsdp" else shutil.copy
+            copy(tmp_path / source[0] / "checkpoints" / source[1], tmp_path / name / "checkpoints" / source[1])
+        torch.distributed.barrier()
+        trained = build_trainer(to_train_config(compose_config([*SWITCH, *overrides])), env, tmp_path / name)
+        found[name] = {"resumed_from": trained.state.step, "held": held(trained)}
+        if name == "to_ddp":
+            names = {parameter: key for key, parameter in trained.strategy.model.named_parameters()}
+            found["order"] = [names[p] for group in trained.optimizer.param_groups for p in group["params"]]
+        loss = trained.fit().loss
+        saved = sorted(path.name for path in (tmp_path / name / "checkpoints").glob("step_*"))
+        found[name].update(step=trained.state.step, loss=loss, saved=saved)
+    return found
+
+
+@pytest.mark.slow  # three trainers on two ranks: in place of two 2-process jobs of tests/e2e/test_fsdp.py
+def test_a_run_switches_to_ddp_and_back_each_resumed_with_its_weights_and_optimizer_state(tmp_path: Path) -> None:
+    legs = on_ranks(2, switch_to_ddp_and_back, tmp_path)[0]
+    assert [legs[name]["resumed_from"] for name in ("fsdp", "to_ddp", "back")] == [0, 4, 5]
+    sharded = read_whole(tmp_path / "fsdp" / "checkpoints" / "step_00000004")
+    momentum = {name: values["momentum_buffer"] for name, values in sharded["optimizer"]["state"].items()}
+    assert_same(legs["to_ddp"]["held"], {"weights": sharded["model"], "momentum": momentum}, "ddp from shards")
+    plain = load_checkpoint(tmp_path / "to_ddp" / "checkpoints" / "step_00000005.pt")
+    numbered = plain["optimizer"]["state"].items()  # torch.optim's numbers, in ddp's order of the parameters
+    momentum = {legs["order"][number]: values["momentum_buffer"] for number, values in numbered}
+    assert_same(legs["back"]["held"], {"weights": plain["model"], "momentum": momentum}, "fsdp from a .pt")
+    assert legs["to_ddp"]["saved"] == ["step_00000004", "step_00000005.pt", "step_00000006.pt"], "ddp saves .pt"
+    assert legs["back"]["saved"] == ["step_00000005.pt", "step_00000006"], "and fsdp its shards again"
+    for name in ("to_ddp", "back"):  # fsdp and ddp sum gradients in other orders: close, not identical
+        assert legs[name]["step"] == 6
+        assert legs[name]["loss"] == pytest.approx(legs["fsdp"]["loss"], rel=1e-4), (name, legs[name]["loss"])

@@ -43,6 +43,13 @@ def find_blocks(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
     return [item for module in model.modules() if isinstance(module, nn.ModuleList) for item in module]
 
 
+def class_name(block: nn.Module) -> str:
+    """A block's class as fsdp.blocks names it (fully_shard makes its class FSDP<class>)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(cls for cls in type(block).__mro__ if not issubclass(cls, FSDPModule)).__name__
+
+
 def shard_model(model: nn.Module, config: FSDPConfig, precision: str, mesh: Any) -> list[nn.Module]:
     """fully_shard the blocks, then the root, over `mesh`, in place; the blocks. A 1-D mesh shards over
     all its ranks; a 2-D one (replicate, shard) shards along its second dimension and replicates along
@@ -91,7 +98,7 @@ class FSDP(Strategy):
     def prepare(self, model: nn.Module) -> nn.Module:
         device = next(model.parameters()).device
         blocks = shard_model(model, self.config.fsdp, self.config.trainer.precision, self.mesh(device))
-        kinds = ", ".join(sorted({type(block).__name__ for block in blocks})) or "none"
+        kinds = ", ".join(sorted({class_name(block) for block in blocks})) or "none"
         log.info("%s: %d blocks sharded (%s) %s, then the root", self.name, len(blocks), kinds, self.describe_mesh())
         return super().prepare(model)
 
