@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator
+
+# What the launch scripts give every worker (launch/plan.py), before this process's first matrix product:
+# Intel MKL's products then have the same bits at any memory alignment, so the runs made here, in
+# process and on forked ranks, are bit-exact on any x86 CPU as the jobs are (docs/checkpoints.md). Without
+# it, a PowerSGD run resumed on two ranks differed from the uninterrupted one in the last bit on AMD CPUs.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import pytest
 from hydra.core.global_hydra import GlobalHydra

@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import math
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,7 +36,6 @@ from typing import Any, NoReturn
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..common.errors import JobError, Preempted
 from ..common.placement import DistEnv
@@ -392,7 +392,7 @@ class StepRunner:
         grads: dict[torch.device, list[torch.Tensor]] = {}
         for param in self.params:
             if param.grad is not None:
-                grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+                grad = param.grad.to_local() if is_sharded(param.grad) else param.grad
                 grads.setdefault(grad.device, []).append(grad)
         for device, tensors in grads.items():  # fsdp.cpu_offload: the gradients are on the CPU
             torch._foreach_mul_(tensors, factor.to(device))
@@ -408,7 +408,7 @@ class StepRunner:
             norm = nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         else:  # the same norm clipping computes (frozen parameters have no gradient: left out)
             norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        if isinstance(norm, DTensor):  # sharded gradients (fsdp): the norm over every rank's shards
+        if is_sharded(norm):  # sharded gradients (fsdp): the norm over every rank's shards
             norm = norm.full_tensor()
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -466,3 +466,10 @@ def optimizer_steps(
         real_samples = sampler.real_samples_in_step(samples_done, count)
         yield OptimizerStep(itertools.islice(batches, count), count, real_samples)
         left, samples_done = left - count, samples_done + real_samples
+
+
+def is_sharded(tensor: object) -> bool:
+    """A DTensor: fsdp's and hsdp's sharded gradients and norms. Asked without importing
+    torch.distributed.tensor (a second of every worker's start), which only those strategies load."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
