@@ -470,6 +470,7 @@ def optimizer_steps(
 
 def is_sharded(tensor: object) -> bool:
     """A DTensor: fsdp's and hsdp's sharded gradients and norms. Asked without importing
-    torch.distributed.tensor (a second of every worker's start), which only those strategies load."""
+    torch.distributed.tensor (a second of the start of eval.py, predict.py and a one-process run; a
+    DDP or sharded job imports it anyway)."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and isinstance(tensor, dtensor.DTensor)

@@ -87,8 +87,8 @@ def prepare(argv: list[str]) -> None:
 class WholeErrorFile(errors.ErrorHandler):
     """torchrun's error handler, whose error file is whole or absent. After a first failed worker,
     torchrun's agent SIGTERMs the others and reads their error files too (torch 2.14's
-    SubprocessContext._poll): a rank ended by that signal in the middle of writing its own left an
-    empty file, and the agent died of a JSONDecodeError instead of naming the rank that failed."""
+    SubprocessContext._poll): a rank ended by that signal in the middle of writing its own left a
+    cut file, and the agent died of a JSONDecodeError instead of naming the rank that failed."""
 
     def record_exception(self, e: BaseException) -> None:
         file = self._get_error_file_path()
