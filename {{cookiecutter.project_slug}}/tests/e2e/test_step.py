@@ -37,6 +37,12 @@ def test_compiled_model_trains_and_saves_plain_weights(tmp_path: Path) -> None:
     assert not any(key.startswith("_orig_mod.") for key in saved["model"]), "the checkpoint loads without compile"
 
 
+def within_rounding(ratio: float, top: float, bottom: float) -> bool:
+    """Whether a printed ratio (3 decimals) is the ratio of two printed rates (whole images/s): each
+    rate is rounded by up to 0.5, which at CPU rates near 80 images/s moves their ratio by over 1%."""
+    return (top - 0.5) / (bottom + 0.5) - 0.0005 <= ratio <= (top + 0.5) / (bottom - 0.5) + 0.0005
+
+
 @pytest.mark.slow
 def test_benchmark_smoke_mode_compares_the_loops(tmp_path: Path) -> None:
     proc = torchrun("benchmarks/bench.py", 2, "--smoke", "--precision=bf16", "--channels-last")
@@ -45,10 +51,10 @@ def test_benchmark_smoke_mode_compares_the_loops(tmp_path: Path) -> None:
     # Lightning is in the dev extra: its column runs (its Trainer on the same model and data), not "not installed".
     assert set(rates) == {"project", "bare", "lightning"} and all(rate > 0 for rate in rates.values()), proc.stdout
     beside = float(next(line for line in lines if line.startswith("ratio project/lightning ")).split()[-1])
-    assert beside == pytest.approx(rates["project"] / rates["lightning"], rel=0.01), proc.stdout
+    assert within_rounding(beside, rates["project"], rates["lightning"]), proc.stdout
     # The same work in both loops, and the project's really done: 3 steps of 2 x 32 images a round, the
     # warm-up round and one timed round.
     assert "work per round: project [192] images, bare [192] images; the project's trainer counted 6 " in proc.stdout
     ratio = float(next(line for line in lines if line.startswith("ratio project/bare ")).split()[-1])
-    assert ratio == pytest.approx(rates["project"] / rates["bare"], rel=0.01), proc.stdout
+    assert within_rounding(ratio, rates["project"], rates["bare"]), proc.stdout
     assert "precision bf16" in lines[0] and "checkpoint save holds training" in lines[-1], proc.stdout
