@@ -183,6 +183,15 @@ def test_hook_rejects_bad_names_and_generates_nothing(tmp_path: Path, extra, mes
     assert message in capfd.readouterr().err
 
 
+def test_no_python_file_of_the_project_holds_template_logic() -> None:
+    """Its modules, tests, benchmarks and scripts: what a choice takes out is found at run time by a registry
+    (the sinks, the trackers' jobs), never chosen by a Jinja block; only names ({{ ... }}) are rendered."""
+    project = TEMPLATE / "{{cookiecutter.project_slug}}"
+    found = [str(path.relative_to(project)) for path in sorted(project.rglob("*.py"))
+             if "{%" in (text := path.read_text()) or "{#" in text]  # fmt: skip
+    assert found == [], f"template logic in {found}: use a registry that finds what is present"
+
+
 def test_hook_message_is_one_line_from_the_command_line(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), str(TEMPLATE), "package_name=torch"],

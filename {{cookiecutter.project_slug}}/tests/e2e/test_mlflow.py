@@ -1,7 +1,7 @@
 """MLflow through real jobs whose rank 0 (the trackers' process) is SIGKILLed and restarted by torchrun:
 one MLflow run, every logged step in it once, read back from a real tracking server (SQLite) on
-127.0.0.1; and no password reaches anything written.{% if cookiecutter.wandb == "yes" %} With W&B chosen too, the same job runs it beside
-MLflow (offline: wandb_jobs.py), and its run is checked as test_wandb.py checks one.{% endif %}"""
+127.0.0.1; and no password reaches anything written. The project's other trackers ride on the same job
+(tracker_jobs.riders), and their runs are checked as their own tests check one."""
 
 from __future__ import annotations
 
@@ -18,10 +18,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers import PYTHON, free_port
-from .tracker_jobs import LAST_STEP, points_of_metrics_jsonl, records, run_and_kill
-{%- if cookiecutter.wandb == "yes" %}
-from .wandb_jobs import assert_one_wandb_run_with_every_step_once, wandb_offline
-{%- endif %}
+from .tracker_jobs import LAST_STEP, points_of_metrics_jsonl, records, riders, run_and_kill
 
 pytestmark = pytest.mark.slow
 
@@ -72,26 +69,24 @@ def test_mlflow_run_survives_a_sigkill_with_every_step_once_and_no_password(
     password = "pw-4a7c19e"  # the server asks for none; the client sends it: it must be written nowhere
     uri = mlflow_server.replace("http://", f"http://tester:{password}@")
     run_dir = tmp_path / "run"
-    beside: list[str] = []
-{%- if cookiecutter.wandb == "yes" %}
-    wandb_offline(monkeypatch, tmp_path / "wandb_home")  # one job for both trackers: each holds every step once
-    beside = ["log.wandb=true"]
-{%- endif %}
+    beside = riders("mlflow")  # one job for every tracker: each holds every step once
+    for rider in beside:
+        rider.prepare(monkeypatch, tmp_path)
     output = run_and_kill(run_dir, "log.mlflow=true", f"log.mlflow_tracking_uri={uri}",
-                          f"log.mlflow_experiment={tmp_path.name}", *beside)  # fmt: skip
+                          f"log.mlflow_experiment={tmp_path.name}",
+                          *(override for rider in beside for override in rider.OVERRIDES))  # fmt: skip
     assert password not in output, "nor on the console"
     written = [path for path in run_dir.rglob("*") if path.is_file() and password.encode() in path.read_bytes()]
-    assert written == [], "the checkpoints, config.yaml, .hydra/, the logs{% if cookiecutter.wandb == "yes" %}, W&B's files{% endif %}: redacted everywhere"
-{%- if cookiecutter.wandb == "yes" %}
-    assert_one_wandb_run_with_every_step_once(run_dir, output)
-{%- endif %}
+    assert written == [], "the checkpoints, config.yaml, .hydra/, the logs, the other trackers' files: redacted"
+    for rider in beside:
+        rider.check(run_dir, output)
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name(tmp_path.name)
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1, "the restart continued the run"
     mlflow_run = runs[0]
     kept = json.loads((run_dir / "trackers.json").read_text())
-    assert kept["mlflow"] == mlflow_run.info.run_id and len(kept) == {{ 2 if cookiecutter.wandb == "yes" else 1 }}
+    assert kept["mlflow"] == mlflow_run.info.run_id and len(kept) == 1 + len(beside)
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["trainer.epochs"] == "4" and mlflow_run.data.params["model._target_"]
     assert mlflow_run.data.params["log.mlflow_tracking_uri"] == uri.replace(password, "***")

@@ -3,12 +3,16 @@ and restarted by torchrun, and what metrics.jsonl says every tracker run must th
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import signal
 from pathlib import Path
+from types import ModuleType
 
 from {{cookiecutter.package_name}}.observe.logs import metric_name
+from {{cookiecutter.package_name}}.observe.sinks import trackers
 
 from ..helpers import SMALL
 from .jobs import finish, start, steps_saved, wait_for, worker_pid
@@ -68,3 +72,28 @@ def run_and_kill(run_dir: Path, *overrides: str) -> str:
     assert code == 0, output[-3000:]
     assert (run_dir / "logs" / "rank_0.log").read_text().count("run dir:") == 2, "torchrun restarted the workers once"
     return output
+
+
+# One job for every tracker the project has: a tracker whose test needs a service of its own (a server) hosts
+# the job, and each other tracker rides on it through its tests/e2e/<tracker>_jobs.py (present where it was
+# chosen, as the trackers' modules are: nothing here names them). A rider module has OVERRIDES,
+# prepare(monkeypatch, tmp_path) and check(run_dir, output); a rider's own test runs where no host does.
+E2E = Path(__file__).parent
+
+
+def tracker_names() -> list[str]:
+    """The trackers this project has (observe/sinks/trackers/<name>_tracker.py)."""
+    return sorted(info.name.removesuffix("_tracker") for info in pkgutil.iter_modules(trackers.__path__)
+                  if info.name.endswith("_tracker"))  # fmt: skip
+
+
+def riders(host: str) -> list[ModuleType]:
+    """The other trackers' job helpers: their runs ride on `host`'s job and are checked there."""
+    return [importlib.import_module(f".{name}_jobs", __package__) for name in tracker_names()
+            if name != host and (E2E / f"{name}_jobs.py").is_file()]  # fmt: skip
+
+
+def hosted(rider: str) -> bool:
+    """Whether another tracker's job carries `rider`'s checks (a tracker with a test and no rider module)."""
+    return any(name != rider and (E2E / f"test_{name}.py").is_file() and not (E2E / f"{name}_jobs.py").is_file()
+               for name in tracker_names())  # fmt: skip

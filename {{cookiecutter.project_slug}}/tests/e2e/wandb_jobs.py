@@ -45,3 +45,15 @@ def assert_one_wandb_run_with_every_step_once(run_dir: Path, output: str) -> Non
     final = [record for record in records(run_dir) if record["kind"] == "val"][-1]
     (last_row,) = [row for row in rows if row["_step"] == final["step"]]
     assert (last_row["val/loss"], last_row["val/acc"]) == (final["val_loss"], final["val_acc"])
+
+
+# Its part of a job another tracker's test hosts (tracker_jobs.riders).
+OVERRIDES = ["log.wandb=true"]
+
+
+def prepare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    wandb_offline(monkeypatch, tmp_path / "wandb_home")
+
+
+def check(run_dir: Path, output: str) -> None:
+    assert_one_wandb_run_with_every_step_once(run_dir, output)
