@@ -72,6 +72,36 @@ class Raises:
             raise ValueError("no step 2 here")
 
 
+class OddState:
+    """A state_dict that is not a checkpoint's: by `kind`, it raises, returns a list, or holds an object."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def state_dict(self) -> dict:
+        if self.kind == "raises":
+            raise KeyError("count")
+        return [1, 2] if self.kind == "list" else {"when": Path("/a/date")}  # type: ignore[return-value]
+
+
+class Counts:
+    """A figure and a state of its own, the same name in every instance: the count of its steps."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.count = every, 0
+
+    def on_step_end(self, run) -> None:
+        if run.step % self.every == 0:
+            self.count += 1
+            run.log("count", self.count)
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+
+
 def test_a_callback_composes_from_the_command_line_and_a_missing_target_is_one_line(tmp_path: Path) -> None:
     config = to_train_config(compose_config([*TINY, f"+callbacks.mean._target_={HERE}.NoisyMean",
                                              "+callbacks.mean.seed=3"]))  # fmt: skip
@@ -140,3 +170,34 @@ def test_on_another_world_size_every_rank_takes_rank_zeros_state_and_a_new_callb
         env = DistEnv(rank, rank, world_size, world_size, "gloo", torch.device("cpu"))
         CallbackStates(callbacks, env).load_state_dict({"callbacks": saved})
         assert callbacks.named["mean"].mean.item() == expected and callbacks.named["new"].count == 0
+
+
+def test_a_callback_whose_state_is_not_a_checkpoints_stops_the_run_with_one_line_naming_it(tmp_path: Path) -> None:
+    plain = "it must return a dict of tensors and plain values (numbers, strings, lists, dicts): fix it or remove it"
+    lines = {"raises": "callbacks.odd.state_dict raised KeyError: 'count': fix it or remove it",
+             "list": f"callbacks.odd.state_dict returned a list of 2: {plain}",
+             "object": f"callbacks.odd.state_dict returned a value that is not a tensor or a plain value (PosixPath): "
+                       f"{plain}"}  # fmt: skip
+    for kind, line in lines.items():
+        run = trainer(tmp_path / kind, f"+callbacks.odd._target_={HERE}.OddState", f"+callbacks.odd.kind={kind}",
+                      "trainer.max_steps=1")  # fmt: skip
+        with pytest.raises(JobError) as stopped:
+            run.fit()
+        assert (str(stopped.value), stopped.value.exit_code) == (line, 2), kind
+
+
+def test_two_callbacks_of_one_class_keep_their_own_figures_and_states(tmp_path: Path) -> None:
+    """Their figures by the same name are told apart by their keys (the first in the config keeps the name);
+    their states are theirs by key, as a run of one callback per class has them."""
+    twice = [f"+callbacks.every._target_={HERE}.Counts", "+callbacks.every.every=1",
+             f"+callbacks.second._target_={HERE}.Counts", "+callbacks.second.every=2"]  # fmt: skip
+    run = trainer(tmp_path, *twice, "trainer.max_steps=2", "checkpoint.every_n_steps=2")
+    run.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    figures = [(r["step"], name, value) for r in records if r["kind"] == "callback" for name, value in r.items()
+               if name.startswith("callbacks/")]  # fmt: skip
+    assert figures == [(1, "callbacks/count", 1.0), (2, "callbacks/count", 2.0), (2, "callbacks/count/second", 1.0)]
+    saved = torch.load(tmp_path / "checkpoints" / "step_00000002.pt", weights_only=True)["callbacks"]
+    assert saved == [{"every": {"count": 2}, "second": {"count": 1}}]
+    resumed = trainer(tmp_path, *twice, "trainer.max_steps=4")
+    assert {name: cb.count for name, cb in resumed.callbacks.named.items()} == {"every": 2, "second": 1}

@@ -8,15 +8,18 @@ step, epoch, model, optimizer, rank, world size, run dir, and `log`):
   and checkpoint;
 - on_validation_end(run, metrics): after a validation is logged, before the monitor and its checkpoint;
 - on_train_end(run): after the last checkpoint, when training ends normally.
-`state_dict()` / `load_state_dict(state)` (tensors and plain values) go into every checkpoint, every
-rank's (a rank's state may differ from another's), so a resume at the same world size is bit-exact.
-A callback that raises stops the run with one line naming it. docs/callbacks.md has examples.
+`state_dict()` / `load_state_dict(state)` (a dict of tensors and plain values) go into every checkpoint,
+every rank's (a rank's state may differ from another's), so a resume at the same world size is
+bit-exact. A callback is named by its key in the config: its state, and its figures where another
+callback logs a figure by the same name (two of one class). A callback that raises, or whose state is
+not a checkpoint's, stops the run with one line naming it. docs/callbacks.md has examples.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ import torch
 
 from ..common.errors import ConfigError, JobError, Preempted, first_line
 from ..common.placement import DistEnv
-from .assembly.components import build
+from .assembly.components import build, describe
 from .data.loader import KeyedDataset, loader_options
 from .data.sampler import eval_shard
 from .distributed.process_group import all_gather_bytes
@@ -46,6 +49,9 @@ class Run:
         self.device: torch.device = trainer.env.device
         self.run_dir: Path = trainer.run_dir
         self.config = trainer.config
+        self.caller: str | None = None  # the key of the callback whose event runs (Callbacks.fire)
+        self._order = list(trainer.callbacks.named)  # the config's order: the first keeps a shared figure's name
+        self._figures: dict[str, str] = {}  # a figure's name -> the callback that logs it so
         self._loaders: dict[int, tuple[Any, torch.utils.data.DataLoader]] = {}  # run.evaluate's, by data set
 
     @property
@@ -61,10 +67,24 @@ class Run:
         """A figure of this step, to metrics.jsonl, TensorBoard and the trackers (rank 0's value; call it on
         every rank or on rank 0). `name` is plotted as given when it holds a "/", else as callbacks/<name>.
         A tensor is read back to the host here: log every K steps, not every step, on GPUs."""
-        name = name if "/" in name else f"callbacks/{name}"
+        name = self.figure_name(name if "/" in name else f"callbacks/{name}")
         if self._trainer.metrics.enabled:
             value = float(value)
             self._trainer.metrics.write("callback", step=self.step, epoch=self.epoch, **{name: value})
+
+    def figure_name(self, name: str) -> str:
+        """A figure's name as logged: that of two callbacks (two of one class, say) would mix their values
+        in one curve, so the one later in the config logs `<name>/<its key>`."""
+        caller = self.caller
+        if caller is None:  # not from an event: as given
+            return name
+        holder = self._figures.setdefault(name, caller)
+        if holder == caller:
+            return name
+        if self._order.index(caller) < self._order.index(holder):  # after a resume the later one may log first
+            self._figures[name] = caller
+            return name
+        return f"{name}/{caller}"
 
     def evaluate(self, dataset: Any) -> dict[str, float]:
         """The task's metrics over a map-style data set, exact and the same on every rank (each evaluates
@@ -88,12 +108,17 @@ class Callbacks:
     def fire(self, event: str, *args: Any) -> None:
         """Call every callback's `event`; one that raises stops the run with one line naming it."""
         for name, hook in self.hooks[event]:
+            if self.run is not None:
+                self.run.caller = name
             try:
                 hook(self.run, *args)
             except (JobError, ConfigError, Preempted):
                 raise
             except Exception as error:
                 raise JobError(f"callbacks.{name}.{event} raised {first_line(error)}: fix it or remove it") from error
+            finally:
+                if self.run is not None:
+                    self.run.caller = None
 
     def stateful(self) -> dict[str, Any]:
         return {name: cb for name, cb in self.named.items() if hasattr(cb, "state_dict")}
@@ -123,7 +148,7 @@ class CallbackStates:
 
     def state_dict(self) -> dict[str, Any]:
         buffer = io.BytesIO()
-        torch.save({name: cb.state_dict() for name, cb in self.callbacks.stateful().items()}, buffer)
+        torch.save({name: checked_state(name, cb) for name, cb in self.callbacks.stateful().items()}, buffer)
         gathered = all_gather_bytes(buffer.getvalue(), self.env.device)
         return {"callbacks": [torch.load(io.BytesIO(data), weights_only=True) for data in gathered]}
 
@@ -140,6 +165,39 @@ class CallbackStates:
         mine = saved[self.env.rank] if same_world else saved[0]
         for name, cb in self.callbacks.stateful().items():
             if name in mine and hasattr(cb, "load_state_dict"):
-                cb.load_state_dict(mine[name])
+                try:
+                    cb.load_state_dict(mine[name])
+                except (JobError, ConfigError):
+                    raise
+                except Exception as error:
+                    raise JobError(f"callbacks.{name}.load_state_dict raised {first_line(error)} on the checkpoint's "
+                                   "state: fix it or remove it", exit_code=2) from error  # fmt: skip
             else:
                 log.info("callbacks.%s: the checkpoint holds no state of it; it starts afresh", name)
+
+
+PLAIN = "it must return a dict of tensors and plain values (numbers, strings, lists, dicts): fix it or remove it"
+
+
+def checked_state(name: str, callback: Any) -> dict[str, Any]:
+    """A callback's state_dict(), as a checkpoint loads it (weights_only): else a JobError naming it, exit
+    code 2 (its code is the user's: a restart would only repeat it), not a traceback at every rank's save."""
+    try:
+        state = callback.state_dict()
+    except (JobError, ConfigError, Preempted):
+        raise
+    except Exception as error:
+        raise JobError(f"callbacks.{name}.state_dict raised {first_line(error)}: fix it or remove it",
+                       exit_code=2) from error  # fmt: skip
+    if not isinstance(state, dict):
+        raise JobError(f"callbacks.{name}.state_dict returned {describe(state)}: {PLAIN}", exit_code=2)
+    buffer = io.BytesIO()
+    try:
+        torch.save(state, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, map_location="cpu", weights_only=True)  # a copy, as the checkpoint keeps it
+    except Exception as error:
+        odd = re.search(r"GLOBAL (\S+)", str(error))  # weights_only's refusal names the class it met
+        what = odd.group(1).rsplit(".", 1)[-1] if odd else first_line(error)
+        raise JobError(f"callbacks.{name}.state_dict returned a value that is not a tensor or a plain value "
+                       f"({what}): {PLAIN}", exit_code=2) from None  # fmt: skip

@@ -10,6 +10,7 @@ import pytest
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
 
+from ...helpers import check_launch_for, trainer
 from .test_store import config, state
 
 
@@ -55,3 +56,48 @@ def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
     own = Checkpointer(run_b / "checkpoints", config(""), is_writer=True)  # the run dir's own checkpoints/
     own.claim(run_b)
     assert not (run_b / "checkpoints" / ".owner").exists() and own.owner is None
+
+
+def test_a_run_dirs_own_checkpoints_are_that_runs_without_an_owner_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_a, run_b = Path("outputs/a"), Path("outputs/b")
+    a = Checkpointer(run_a / "checkpoints", config(""), is_writer=True)  # checkpoint.dir left out: no .owner
+    a.claim(run_a)
+    for step in (5, 6):
+        a.save(step, state(step))
+        a.wait()
+    (run_a / ".hydra").mkdir()  # what the run left in its run dir as it started
+    (run_a / "checkpoints" / ".tmp_step_00000007.pt.1").write_bytes(b"a's write under way")
+    url = str(tmp_path / "outputs" / "a" / "checkpoints")
+    b = Checkpointer(Path(url), config(url, keep_last=1), is_writer=True)
+    refusal = (f"checkpoint.dir={url} is the checkpoints/ of the run in outputs/a, not of this one in outputs/b: "
+               "another run may start from its checkpoints (model.init_from, checkpoint.resume=<its step_<N>.pt>) "
+               "but never write there; leave checkpoint.dir out, or launch with RUN_DIR=outputs/a to continue that "
+               "run")  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        b.claim(run_b)
+    assert str(refused.value) == refusal
+    with pytest.raises(ConfigError, match=r"not of this one in a new run dir: "):  # the launch checks, before work
+        b.check_owner(None)
+    assert sorted(path.name for path in (run_a / "checkpoints").iterdir()) == [
+        ".tmp_step_00000007.pt.1", "step_00000005.pt", "step_00000006.pt"]  # fmt: skip
+    again = Checkpointer(Path(url), config(url), is_writer=True)  # the same run, its checkpoint.dir spelt out
+    again.claim(run_a)
+    assert again.find_resume_payload()[1]["step"] == 6
+    # A folder named checkpoints that is no run dir's: the first run to use it owns it, as any checkpoint.dir.
+    shared = tmp_path / "disk" / "checkpoints"
+    Checkpointer(shared, config(str(shared)), is_writer=True).claim(run_b)
+    assert (shared / ".owner").read_text() == "outputs/b\n"
+
+
+def test_a_run_is_refused_another_runs_checkpoints_before_it_writes_anything(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a" / ".hydra").mkdir(parents=True)
+    trainer(tmp_path / "a")
+    config_a = (tmp_path / "a" / "checkpoints" / "config.yaml").read_text()
+    refused = r"^checkpoint.dir=\S+ is the checkpoints/ of the run in a, not of this one in b"
+    with pytest.raises(ConfigError, match=refused):
+        trainer(tmp_path / "b", f"checkpoint.dir={tmp_path / 'a' / 'checkpoints'}", "trainer.epochs=3")
+    assert (tmp_path / "a" / "checkpoints" / "config.yaml").read_text() == config_a
+    with pytest.raises(ConfigError, match=r"is the checkpoints/ of the run in a, not of this one in b"):
+        check_launch_for(["data=synthetic", f"checkpoint.dir={tmp_path / 'a' / 'checkpoints'}"], tmp_path / "b")

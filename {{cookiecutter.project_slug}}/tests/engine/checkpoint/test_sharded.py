@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from {{cookiecutter.package_name}}.common.errors import JobError
+from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
@@ -37,7 +37,7 @@ from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.models import SmallCNN
 
-from ...helpers import PYTHON, assert_same, compose_config, on_ranks, record_fsyncs, run
+from ...helpers import CPU, PYTHON, assert_same, compose_config, on_ranks, record_fsyncs, run
 
 
 @pytest.mark.slow
@@ -105,6 +105,31 @@ def test_a_value_beside_the_tensors_loads_as_a_plain_value_only(tmp_path: Path) 
             load()
         assert "Weights only load failed" in str(refused.value), str(refused.value)[-600:]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_folder_of_shards_that_does_not_load_as_init_from_is_one_line(tmp_path: Path, caplog) -> None:
+    """Its `.metadata` unpickled by DCP fails as a CheckpointException, a BaseException that carries a
+    traceback per attempt and escapes `except Exception`: a worker's crash, restarted; here a ConfigError."""
+    import torch.distributed.checkpoint as dcp
+
+    lines = {"metadata": r"its \.metadata does not load: UnpicklingError: os\.system is not part of a checkpoint's "
+                         r"metadata\)$",
+             "shard": r"its shards do not load: \w+"}  # fmt: skip
+    for broken, line in lines.items():
+        folder = tmp_path / broken / "step_00000004"
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.save({"model": SmallCNN(num_classes=10).state_dict()}, checkpoint_id=folder, no_dist=True)
+        if broken == "metadata":
+            (folder / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")
+        else:
+            shard = next(folder.glob("*.distcp"))
+            shard.write_bytes(shard.read_bytes()[:100])
+        caplog.clear()
+        refused = f"^model.init_from={folder}: not a folder of shards that loads \\({line}"
+        with pytest.raises(ConfigError, match=refused):
+            build_trainer(to_train_config(compose_config([*STEP, f"model.init_from={folder}"])), CPU, tmp_path / "b")
+        assert not [record for record in caplog.records if record.exc_info], broken  # no traceback logged
 
 
 # --- two fsdp ranks in-process (tests/helpers.py's on_ranks): their checkpoints, read here

@@ -53,6 +53,8 @@ class CheckpointManager:
         self.run_dir = run_dir  # the run checkpoint.dir must belong to (writer.claim)
         self.plain_config, self.epochs = plain_config, epochs
         self.writer = strategy.checkpointer(folder, config, is_writer=env.is_main)  # files.py, sharded.py
+        if run_dir is not None:  # another run's checkpoint.dir: refused before anything is written there
+            self.writer.check_owner(run_dir)
         self.writer.save_config(plain_config)
 
     @property

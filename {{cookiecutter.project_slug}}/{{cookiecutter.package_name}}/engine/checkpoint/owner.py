@@ -1,16 +1,33 @@
 """A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it: its OWNER_FILE
 names that run's dir, and another run is refused, so that no run resumes, overwrites or prunes another's
-checkpoints. The run dir's own checkpoints/ is the run's by where it lies. A relaunch (a torchrun restart, a
+checkpoints. A run dir's own checkpoints/ is that run's by where it lies, with or without an OWNER_FILE: another
+run may start from its checkpoints (model.init_from, checkpoint.resume=<path>) but never writes or prunes there.
+A relaunch (a torchrun restart, a
 Slurm requeue, a job moved to another machine) with the same run dir is the same run."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from ...common.errors import ConfigError, JobError
+from ...common.run_dir import CHECKPOINTS_DIR, LOCK_FILE, LOGS_DIR, MARKERS, METRICS_FILE
 from ...config import CheckpointConfig
 from .files import OWNER_FILE, owner_id, write_text_atomically
+
+# What a run leaves in its run dir from its start (common/run_dir.py, engine/assembly/entry.py): a folder
+# holding one of them beside a checkpoints/ is that run's dir.
+RUN_DIR_SIGNS = (".hydra", LOGS_DIR, METRICS_FILE, LOCK_FILE, *MARKERS)
+
+
+def run_owning(folder: Path) -> Path | None:
+    """The run dir whose own checkpoints/ `folder` is, by where it lies; None where it is no run's."""
+    folder = Path(os.path.abspath(folder))
+    if folder.name != CHECKPOINTS_DIR:
+        return None
+    run_dir = folder.parent
+    return run_dir if any((run_dir / sign).exists() for sign in RUN_DIR_SIGNS) else None
 
 
 class Ownership:
@@ -36,7 +53,16 @@ class Ownership:
         the run's by where it lies: not checked."""
         if not self.config.dir:
             return None
-        owner, mine = self.read_owner(), owner_id(run_dir) if run_dir is not None else None
+        mine = owner_id(run_dir) if run_dir is not None else None
+        home = run_owning(self.folder) if self.store is None else None
+        if home is not None and owner_id(home) != mine:  # its OWNER_FILE may name a run that took it over
+            raise ConfigError(
+                f"checkpoint.dir={self.config.dir} is the checkpoints/ of the run in {owner_id(home)}, not of this "
+                f"one in {mine or 'a new run dir'}: another run may start from its checkpoints (model.init_from, "
+                f"checkpoint.resume=<its step_<N>.pt>) but never write there; leave checkpoint.dir out, or launch "
+                f"with RUN_DIR={owner_id(home)} to continue that run"
+            )
+        owner = self.read_owner()
         if owner is not None and owner != mine:
             where = self.store.shown if self.store is not None else self.config.dir
             raise ConfigError(

@@ -32,8 +32,9 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
+from ...common.errors import first_line
 from ...config import CheckpointConfig
-from .files import METADATA_FILE, TMP_PREFIX, TRAINER_FILE, fsync_dir, write_atomically
+from .files import METADATA_FILE, TMP_PREFIX, TRAINER_FILE, NotACheckpoint, fsync_dir, write_atomically
 from .writer import Checkpointer
 
 TENSOR_KEYS = ("model", "optimizer", "ema")  # DCP's part of a trainer's state; the rest goes to trainer.pt
@@ -59,6 +60,26 @@ class MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def read_metadata(folder: Path) -> Any:
+    """A folder's `.metadata`; a NotACheckpoint with one line where it does not load: read before DCP is
+    asked, whose failure is a BaseException with a traceback per attempt (and `except Exception` misses it)."""
+    try:
+        with open(folder / METADATA_FILE, "rb") as file:
+            return MetadataUnpickler(file).load()
+    except Exception as error:
+        raise NotACheckpoint(f"its {METADATA_FILE} does not load: {first_line(error)}") from None
+
+
+def dcp_failure(error: BaseException) -> str:
+    """DCP's CheckpointException (every rank's failure, each with its traceback) as one line: the first's."""
+    failures = getattr(error, "failures", None)
+    for item in failures.values() if isinstance(failures, dict) else ():
+        found = item[0] if isinstance(item, tuple) else item
+        if isinstance(found, BaseException):
+            return first_line(found)
+    return first_line(error)
 
 
 class SafeReader(FileSystemReader):
@@ -143,10 +164,15 @@ def load_into(path: Path, state: dict[str, Any]) -> None:
 def read_whole(path: Path) -> dict[str, Any]:
     """Everything a sharded checkpoint's shards hold, as whole tensors, in one process:
     {"model": {name: tensor}, "optimizer": {"state": ..., "param_groups": ...}}."""
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # dcp.load keeps {} empty
 
+    read_metadata(path)
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeReader(path), planner=SafeWholePlanner(), no_dist=True)
+    try:
+        _load_state_dict(state, storage_reader=SafeReader(path), planner=SafeWholePlanner(), no_dist=True)
+    except CheckpointException as error:  # a shard missing or cut short
+        raise NotACheckpoint(f"its shards do not load: {dcp_failure(error)}") from None
     return state
 
 
@@ -172,9 +198,7 @@ def load_weights(path: Path, model: nn.Module) -> None:
 
 def saved_keys(folder: Path) -> set[str]:
     """The top-level keys a folder's shards hold (model, optimizer, and ema where trainer.ema was on)."""
-    with open(folder / METADATA_FILE, "rb") as file:
-        metadata = MetadataUnpickler(file).load()
-    return {name.split(".", 1)[0] for name in metadata.state_dict_metadata}
+    return {name.split(".", 1)[0] for name in read_metadata(folder).state_dict_metadata}
 
 
 def load_owner_tensors(folder: Path, owners: list[Any]) -> dict[str, Any]:
@@ -191,9 +215,7 @@ def load_owner_tensors(folder: Path, owners: list[Any]) -> dict[str, Any]:
 
 def shard_files(folder: Path) -> list[str]:
     """The shard files a folder's `.metadata` names: those of every rank."""
-    with open(folder / METADATA_FILE, "rb") as file:
-        metadata = MetadataUnpickler(file).load()
-    return sorted({info.relative_path for info in metadata.storage_data.values()})
+    return sorted({info.relative_path for info in read_metadata(folder).storage_data.values()})
 
 
 class ShardedCheckpointer(Checkpointer):

@@ -35,7 +35,7 @@ from .files import (
     write_atomically,
     write_text_atomically,
 )
-from .owner import Ownership
+from .owner import Ownership, run_owning
 from .store import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,10 @@ class Checkpointer(Ownership):
         self.on_written: list[Callable[[int], None]] = []
         if is_writer:
             folder.mkdir(parents=True, exist_ok=True)
-            for leftover in folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
+            # A checkpoint.dir that is some run dir's checkpoints/ may be another, live run's (refused by
+            # check_owner, after this): its write under way is not a leftover.
+            others = bool(config.dir) and run_owning(folder) is not None
+            for leftover in [] if others else folder.glob(f"{TMP_PREFIX}*"):  # from a writer killed mid-write
                 remove(leftover)
 
     def name_of(self, step: int) -> str:
