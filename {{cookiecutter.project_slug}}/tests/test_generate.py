@@ -153,3 +153,31 @@ def test_refusals_each_in_one_line(in_process, checkpoints, monkeypatch, capsys,
     torch.save(payload, tmp_path / "doctored.pt")
     error = refused(monkeypatch, capsys, f"ckpt_path={tmp_path / 'doctored.pt'}", prompt)
     assert "model._target_=builtins.print" in error and "trust_checkpoint=true" in error
+
+
+@pytest.mark.parametrize("prompt", ["def f(a, b):", "null", "print(x)  # [1, 2], {'k': None}", "a,b"])
+def test_a_prompt_is_taken_as_plain_text_commas_parentheses_and_null_too(
+    in_process, checkpoints, monkeypatch, capsys, prompt: str
+) -> None:
+    """What Hydra's override grammar would not read as a string (a parse error, a sweep, null) is the text."""
+    out, _ = generate(monkeypatch, capsys, f"ckpt_path={checkpoints['bytes']}", f"prompt={prompt}", "max_new_tokens=6")
+    assert out.startswith(prompt) and len(out.encode()) > len(prompt.encode()) + 1
+
+
+def test_a_prompt_file_is_read_as_it_is_and_its_mistakes_are_refused_in_one_line(
+    in_process, checkpoints, monkeypatch, capsys, tmp_path: Path
+) -> None:
+    text = "def f(a, b=None):\n    return f'{a}, ${b}' \\\n"
+    (tmp_path / "prompt.txt").write_text(text)
+    args = [f"ckpt_path={checkpoints['bytes']}", "max_new_tokens=6", "seed=1"]
+    out, _ = generate(monkeypatch, capsys, *args, "--prompt-file", str(tmp_path / "prompt.txt"))
+    assert out.startswith(text)
+    assert generate(monkeypatch, capsys, *args, f"--prompt-file={tmp_path / 'prompt.txt'}")[0] == out
+    (tmp_path / "empty.txt").write_text("")
+    for given, said in (
+        (["--prompt-file", str(tmp_path / "missing.txt")], f"--prompt-file {tmp_path / 'missing.txt'}: No such file"),
+        (["--prompt-file", str(tmp_path / "empty.txt")], "empty.txt is empty: give a file of the prompt's text"),
+        (["--prompt-file"], "--prompt-file needs a FILE"),
+        (["--prompt-file", str(tmp_path / "prompt.txt"), "prompt=x"], "prompt= and --prompt-file both given"),
+    ):
+        assert said in refused(monkeypatch, capsys, *args, *given)

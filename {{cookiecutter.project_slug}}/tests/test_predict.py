@@ -4,6 +4,9 @@ mistakes in one line, before any work, nothing overwritten."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from torch.utils.data import default_collate
 from {{cookiecutter.package_name}} import predict as entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import compose_for_checkpoint, config_dir, register_configs, to_train_config
+from {{cookiecutter.package_name}}.datasets import pad_windows
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.assembly.components import build_datasets, build_model
 from {{cookiecutter.package_name}}.engine.assembly.entry import checkpoint_model
@@ -157,6 +161,7 @@ def doctored(checkpoint: Path, tmp_path: Path) -> Path:
         ("split=test", "split='test' is not one of val, train"),
         ("predict_as=token", "predict_as=token: task._target_={{ cookiecutter.package_name }}.tasks.Classification saves one"),
         ("out=s3://bucket/p.pt", "out=s3://bucket/p.pt: predictions are written to this machine's disk"),
+        ("out under a file", "out={out} cannot be written ({out.parent} is not a folder): give a path in a folder"),
         ("ckpt_path=s3://bucket/c.pt", "ckpt_path=s3://bucket/c.pt: a checkpoint is read from this machine's disk"),
     ],
 )
@@ -165,7 +170,12 @@ def test_a_mistake_is_refused_in_one_line_and_nothing_is_written(
 ) -> None:
     out = tmp_path / "predictions.pt"
     given = [f"ckpt_path={checkpoint}", f"out={out}"]
-    if case == "exists":
+    monkeypatch.setattr(entry, "predict", lambda *args: pytest.fail("a batch ran before the refusal"))
+    if case == "out under a file":  # a folder that cannot be made: found before the first batch, not after the last
+        (tmp_path / "notes").write_text("")
+        out = tmp_path / "notes" / "p.pt"
+        given[1] = f"out={out}"
+    elif case == "exists":
         out.write_bytes(b"earlier predictions")
     elif case in ("no out", "no ckpt_path"):
         given.pop(1 if case == "no out" else 0)
@@ -181,3 +191,76 @@ def test_a_mistake_is_refused_in_one_line_and_nothing_is_written(
     assert not out.exists() or out.read_bytes() == b"earlier predictions"
     if case == "doctored":
         assert err.rstrip().endswith("with trust_checkpoint=true")
+
+
+def test_a_killed_predicts_temporary_is_removed_at_the_next_start_but_not_a_live_ones(
+    in_process_predict, checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """A predict killed while writing leaves `.tmp_<name>.<pid>`: the next predict to the same file removes it
+    where its process is gone, and leaves one of a live process (a predict writing now) and other files'."""
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    out = tmp_path / "val.pt"
+    stale, live, other = (tmp_path / f".tmp_{name}.{pid}" for name, pid in
+                          (("val.pt", gone.pid), ("val.pt", os.getppid()), ("train.pt", gone.pid)))  # fmt: skip
+    for path in (stale, live, other):
+        path.write_bytes(b"half a file")
+    predict(monkeypatch, capsys, f"ckpt_path={checkpoint}", f"out={out}")
+    assert in_process_predict == [0] and not stale.exists() and live.exists() and other.exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([live.name, other.name, "val.pt"])
+
+
+RAGGED = ["task=language_model", "data=text", f"data.dataset._target_={__name__}.ragged", "data.batch_size=4",
+          f"+data.collate._target_={pad_windows.__module__}.pad_windows", "data.block_size=16", "model.layers=1",
+          "model.width=16", "model.heads=2", "trainer.epochs=1"]  # fmt: skip
+
+
+def ragged(**_: object) -> tuple[list, list]:
+    """(train, val): byte windows of 2 to 16 bytes, next-byte targets; batched by 4, of different lengths."""
+    text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 20))
+    lengths = [2, 16, 5, 9, 3, 4, 7, 6, 12, 2, 8]
+    windows = [(text[start : start + n], text[start + 1 : start + n + 1]) for start, n in enumerate(lengths)]
+    return windows, windows
+
+
+def test_windows_of_different_lengths_are_padded_and_their_lengths_saved(
+    in_process_predict, tmp_path, monkeypatch, capsys
+) -> None:
+    """data.collate=pad_windows: each window's tokens up to its length, IGNORE (-100) past it."""
+    build_trainer(to_train_config(compose_config(RAGGED)), cpu_env(0, 1), tmp_path / "run").fit()
+    checkpoint = next((tmp_path / "run" / "checkpoints").glob("step_*.pt"))
+    out = tmp_path / "tokens.pt"
+    predict(monkeypatch, capsys, f"ckpt_path={checkpoint}", f"out={out}", "predict_as=token", "trust_checkpoint=true")
+    written = torch.load(out, weights_only=True)
+    windows = ragged()[1]
+    assert set(written) == {"indices", "outputs", "lengths"} and written["outputs"].shape == (11, 16)
+    assert written["lengths"].tolist() == [len(window) for window, _ in windows]
+    payload = load_checkpoint(checkpoint)
+    model = build_model(payload["config"]["model"])
+    model.load_state_dict(payload["model"])
+    with torch.no_grad():  # as one process batches them: 4 windows padded to the batch's longest
+        tokens = [model.eval()(pad_windows(windows[start : start + 4])[0]).argmax(-1) for start in range(0, 11, 4)]
+    for index, (window, _) in enumerate(windows):
+        row, length = written["outputs"][index], len(window)
+        assert torch.equal(row[:length], tokens[index // 4][index % 4, :length])
+        assert (row[length:] == -100).all()
+
+
+@pytest.mark.parametrize(("size", "batch_size"), [(21, 4), (8, 32), (3, 1), (40, 8)])
+def test_every_world_size_from_1_to_4_runs_the_batches_of_one_process(size: int, batch_size: int) -> None:
+    """What makes the file the same at any world size: the ranks' shards, in rank order, are the one-process
+    run's batches, whole; padded outputs joined per rank then on rank 0 are those joined at once."""
+    one = [range(start, min(start + batch_size, size)) for start in range(0, size, batch_size)]
+    outputs = [torch.full((len(batch), 2 + number % 5), float(number)) for number, batch in enumerate(one)]
+    lengths = [torch.full((len(output),), output.shape[1]) for output in outputs]
+    whole = entry.joined(outputs, lengths)  # type: ignore[arg-type]
+    for world_size in range(1, 5):
+        shards = [entry.batch_shard(size, batch_size, rank, world_size) for rank in range(world_size)]
+        assert [index for shard in shards for index in shard] == list(range(size))
+        assert all(shard.start % batch_size == 0 for shard in shards if len(shard)), "whole batches only"
+        counts = [len(shard) // batch_size + (len(shard) % batch_size > 0) for shard in shards]
+        bounds = [sum(counts[:rank]) for rank in range(world_size + 1)]
+        pieces = [entry.joined(outputs[first:last], lengths[first:last])
+                  for first, last in itertools.pairwise(bounds) if last > first]  # fmt: skip
+        joined = entry.joined([piece[0] for piece in pieces], [piece[1] for piece in pieces])  # type: ignore[misc]
+        assert torch.equal(joined[0].nan_to_num(-1), whole[0].nan_to_num(-1)) and torch.equal(joined[1], whole[1])

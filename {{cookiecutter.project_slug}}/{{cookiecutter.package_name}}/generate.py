@@ -7,6 +7,9 @@ is built), its weights (the EMA's where the run kept one), `.../checkpoints/best
 tokenizer is the one it trained with (data=tokens's folder, else bytes), or `tokenizer=`. Generation is
 sequential: one process, on a GPU where there is one; under torchrun with more than one process it is refused.
 The same checkpoint, prompt, settings and seed give the same text on the same device.
+
+The prompt is plain text: `prompt=TEXT` as one argument (commas, parentheses, `null` and all: whatever Hydra
+would not read as a string is taken as it is written), or `--prompt-file FILE`, the file's text as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 from torch import nn
 
@@ -27,6 +31,10 @@ from .engine.assembly.components import build_model, locate
 from .engine.assembly.entry import checkpoint_config, prepare, reporting_user_errors
 from .engine.checkpoint.weights import load_weights
 from .tasks import LanguageModel
+
+PROMPT_FILE = "--prompt-file"
+PLAIN = "prompt=plain_text"  # what Hydra is given in place of a prompt taken as plain text (run_generate sets it)
+_given: dict[str, str] = {}  # the prompt main took from the command line before Hydra: {"text"|"file"|"error": ...}
 
 
 @torch.inference_mode()
@@ -89,8 +97,11 @@ def run_generate(cfg: DictConfig) -> None:
             raise ConfigError(
                 "generate runs in one process (sampling is sequential): run it with python -m, not torchrun"
             )
+        prompt = plain_prompt(_given)
         path, payload, config = checkpoint_config(cfg, "generate", components=False)
         assert isinstance(config, GenerateConfig)
+        if prompt is not None:
+            config.prompt = prompt
         task = locate(str(config.task["_target_"]))
         if not (isinstance(task, type) and issubclass(task, LanguageModel)):
             raise ConfigError(
@@ -123,8 +134,61 @@ def generate_text(cfg: DictConfig) -> None:
     run_generate(cfg)
 
 
+def take_prompt(argv: list[str]) -> dict[str, str]:
+    """The prompt taken out of `argv` before Hydra parses it, where Hydra would not read it as the string written
+    (`prompt=def f(a, b):`, `prompt=null`), or from `--prompt-file FILE`; `argv` then holds PLAIN in its place. A
+    prompt Hydra reads as a string (`prompt='...'`, `prompt=word`) is left to it, as before."""
+    taken: dict[str, str] = {}
+    rest, args, prompts = argv[:1], iter(argv[1:]), 0
+    for arg in args:
+        if arg == PROMPT_FILE or arg.startswith(f"{PROMPT_FILE}="):
+            taken["file"] = arg.partition("=")[2] if "=" in arg else next(args, "")
+            if not taken["file"]:
+                taken["error"] = f"{PROMPT_FILE} needs a FILE: {PROMPT_FILE} path/to/prompt.txt"
+        elif arg.startswith("prompt="):
+            prompts += 1
+            if hydra_string(arg):
+                rest.append(arg)
+            else:
+                taken["text"] = arg.removeprefix("prompt=")
+        else:
+            rest.append(arg)
+    if "file" in taken and prompts:
+        taken["error"] = f"prompt= and {PROMPT_FILE} both given: give the prompt once, as one or the other"
+    if taken:
+        rest.append(PLAIN)
+    argv[:] = rest
+    return taken
+
+
+def hydra_string(arg: str) -> bool:
+    """Whether Hydra reads the override `arg` as a string (not a parse error, a sweep, null, a number, a list)."""
+    try:
+        return isinstance(OverridesParser.create().parse_override(arg).value(), str)
+    except Exception:  # Hydra's parse errors: a prompt of code, taken as it is
+        return False
+
+
+def plain_prompt(taken: dict[str, str]) -> str | None:
+    """The prompt take_prompt took (None: Hydra's prompt=), read from its file where it names one."""
+    if "error" in taken:
+        raise ConfigError(taken["error"])
+    if "file" in taken:
+        try:
+            text = Path(taken["file"]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            why = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+            raise ConfigError(f"{PROMPT_FILE} {taken['file']}: {why}: give a file of the prompt's text") from None
+        if not text:
+            raise ConfigError(f"{PROMPT_FILE} {taken['file']} is empty: give a file of the prompt's text")
+        return text
+    return taken.get("text")
+
+
 def main() -> None:
     """The process's entry (console script, `python -m`)."""
+    _given.clear()
+    _given.update(take_prompt(sys.argv))
     prepare(sys.argv)
     let_group_keys_through(sys.argv)
     generate_text()

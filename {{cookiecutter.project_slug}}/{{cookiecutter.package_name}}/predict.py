@@ -5,13 +5,16 @@
 OUT holds `{"indices": (N,), "outputs": (N, ...)}`, tensors only, ordered by sample index, each sample
 once: `torch.load(OUT, weights_only=True)`. Each rank runs whole batches of the set (the batches of a
 one-process run, so each sample's output is computed in the same batch at any world size: the file is
-the same, bit for bit); the ranks gather the pieces and rank 0 writes the file.
+the same, bit for bit); the ranks gather the pieces and rank 0 writes the file. Outputs whose length
+varies (windows of different lengths, data.collate=pad_windows) are padded to the longest (write_predictions).
 """
 
 from __future__ import annotations
 
+import glob
 import io
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,11 +34,11 @@ from .config.values import require
 from .datasets.collate import model_forward, to_device
 from .engine.assembly.components import build_datasets, build_task
 from .engine.assembly.entry import checkpoint_config, checkpoint_model, prepare, record, reporting_user_errors
-from .engine.checkpoint.files import write_atomically
+from .engine.checkpoint.files import TMP_PREFIX, write_atomically
 from .engine.data.loader import KeyedDataset, loader_options
 from .engine.distributed.process_group import all_gather_bytes, all_gather_int, distributed, process_env
 from .observe.logs import setup_logging
-from .tasks import Task
+from .tasks import IGNORE, Task
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,11 @@ def output_path(cfg: DictConfig) -> Path:
 
 
 def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out: Path) -> None:
-    """The model's outputs over the configured split, gathered from every rank; rank 0 writes `out`."""
+    """The model's outputs over the configured split, gathered from every rank; rank 0 writes `out`: checked
+    writable before the first batch. Outputs of different lengths (dimension 1, e.g. windows of different
+    lengths) are padded to the longest, integers with IGNORE (-100), floats with NaN, and `lengths` (N,) saved
+    beside them: `outputs[i, :lengths[i]]` are sample i's, its padding in its own batch also filled."""
+    refuse_on_every_rank(writable(out) if env.is_main else "", env)
     task = build_task(config.task)
     kind = prediction_kind(task, config)
     train, val = build_datasets(config.data.dataset)
@@ -93,22 +100,61 @@ def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out
     loader = DataLoader(Subset(dataset, list(shard)), shuffle=False, **loader_options(config.data, env, config.seed))
     piece, refused = {}, ""
     try:
-        indices, outputs = predict(model, loader, task, kind, env.device)
-        piece = {"indices": indices, "outputs": outputs}
+        indices, outputs, lengths = predict(model, loader, task, kind, env.device)
+        piece = {"indices": indices, "outputs": outputs, "lengths": lengths}
     except ConfigError as error:  # said by every rank, also one with no batch, which would wait in the gather
         refused = str(error)
-    if any(all_gather_int(len(refused), env.device)):  # (no gather of nothing but empty pieces)
-        said = [text for text in all_gather_bytes(refused.encode(), env.device) if text]
-        raise ConfigError(said[0].decode())
+    refuse_on_every_rank(refused, env)
     pieces = all_gather_bytes(to_bytes(piece), env.device)
     if env.is_main:
         whole = [torch.load(io.BytesIO(piece), weights_only=True) for piece in pieces]
         whole = [piece for piece in whole if len(piece["indices"])]  # a rank with no batch sends nothing
         # The shards are contiguous and in rank order: joined so, the samples are in index order.
-        indices, outputs = (torch.cat([piece[key] for piece in whole]) for key in ("indices", "outputs"))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically({"indices": indices, "outputs": outputs}, out)
+        indices = torch.cat([piece["indices"] for piece in whole])
+        outputs, lengths = joined([piece["outputs"] for piece in whole], [piece["lengths"] for piece in whole])
+        written = {"indices": indices, "outputs": outputs}
+        if lengths is not None and bool((lengths < outputs.shape[1]).any()):  # (no padding: the file as ever)
+            written["lengths"] = lengths
+        write_atomically(written, out)
         log.info("wrote %s: the %s set's %d samples, outputs %s", out, config.split, len(indices), tuple(outputs.shape))
+
+
+def refuse_on_every_rank(refused: str, env: DistEnv) -> None:
+    """A refusal of any rank raised on every rank, rank 0's first (a rank with no batch would wait in a gather)."""
+    if any(all_gather_int(len(refused), env.device)):  # (no gather of nothing but empty pieces)
+        said = [text for text in all_gather_bytes(refused.encode(), env.device) if text]
+        raise ConfigError(said[0].decode())
+
+
+def writable(out: Path) -> str:
+    """Why `out` cannot be written ('' where it can), found before any batch: its folder made and a file tried
+    in it. First the temporaries of earlier predicts to `out` that were killed (their process is gone) are
+    removed: a live one may be another predict's, still writing (a process on another machine sharing the
+    folder is not seen: its temporary, if there is one, is removed, and its predict fails at its rename)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for stale in out.parent.glob(f"{TMP_PREFIX}{glob.escape(out.name)}.*"):
+            pid = stale.name.rsplit(".", 1)[1]
+            if pid.isdigit() and not alive(int(pid)):
+                stale.unlink(missing_ok=True)
+                log.info("removed %s, the temporary file of a predict that was stopped", stale)
+        probe = out.with_name(f"{TMP_PREFIX}{out.name}.{os.getpid()}")  # write_atomically's name for its own
+        probe.touch()
+        probe.unlink()
+    except OSError as error:  # (mkdir says "File exists" of a file in the way of a folder)
+        why = f"{error.filename} is not a folder" if isinstance(error, FileExistsError) else error.strerror
+        return f"out={out} cannot be written ({why}): give a path in a folder you can write to"
+    return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def prediction_kind(task: Task, config: PredictConfig) -> str | None:
@@ -140,11 +186,12 @@ def batch_shard(size: int, batch_size: int, rank: int, world_size: int) -> range
 @torch.no_grad()
 def predict(
     model: nn.Module, loader: DataLoader, task: Task, kind: str | None, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """This rank's sample indices and what the task makes of their outputs (on the host), in loader order."""
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """This rank's sample indices, what the task makes of their outputs (on the host), in loader order, and
+    their lengths (joined's)."""
     model.eval()
-    indices, outputs = [], []
-    for inputs, _, _, batch_indices in loader:
+    indices, outputs, lengths = [], [], []
+    for inputs, targets, _, batch_indices in loader:
         result = model_forward(model, to_device(inputs, device))
         result = task.predict(result, kind) if kind is not None else result
         if not isinstance(result, torch.Tensor):
@@ -152,9 +199,49 @@ def predict(
                 f"the model's outputs are {type(result).__name__}, not a tensor: give the task a predict method "
                 "that makes one of them (tasks.py)"
             )
+        result, length = masked(result.cpu(), targets)
         indices.append(batch_indices)
-        outputs.append(result.cpu())
-    return torch.cat(indices) if indices else torch.zeros(0, dtype=torch.int64), torch.cat(outputs) if outputs else None
+        outputs.append(result)
+        lengths.append(length)
+    if not indices:
+        return torch.zeros(0, dtype=torch.int64), None, None
+    return torch.cat(indices), *joined(outputs, lengths)
+
+
+def masked(result: torch.Tensor, targets: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A batch's outputs and each sample's length along dimension 1 (None for outputs of one dimension): where
+    the targets are one per position and mark padding with IGNORE (pad_windows), up to the last real one, the
+    positions past it filled (as joined fills); else the batch's length."""
+    if result.dim() < 2:
+        return result, None
+    lengths = torch.full((len(result),), result.shape[1], dtype=torch.int64)
+    if isinstance(targets, torch.Tensor) and targets.shape == result.shape[:2] and not targets.is_floating_point():
+        positions = torch.arange(1, result.shape[1] + 1)
+        lengths = (positions * (targets.cpu() != IGNORE)).amax(dim=1)
+        beyond = positions[None, :] > lengths[:, None]
+        if beyond.any():
+            result = result.clone()
+            result[beyond] = fill_value(result)
+    return result, lengths
+
+
+def joined(outputs: list[torch.Tensor], lengths: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Outputs concatenated, each padded along dimension 1 to the longest with fill_value, and the samples'
+    lengths (None for outputs of one dimension). Padded so at each rank, then again on rank 0: the same file."""
+    if any(length is None for length in lengths):
+        return torch.cat(outputs), None
+    longest = max(output.shape[1] for output in outputs)
+    padded = [
+        torch.cat([output, output.new_full((len(output), longest - output.shape[1], *output.shape[2:]),
+                                           fill_value(output))], dim=1)
+        for output in outputs
+    ]  # fmt: skip
+    return torch.cat(padded), torch.cat(lengths)  # type: ignore[arg-type]
+
+
+def fill_value(output: torch.Tensor) -> float | int:
+    """What pads a position that is no sample's: NaN for floats, IGNORE for integers (ids, classes)."""
+    return float("nan") if output.is_floating_point() else IGNORE
 
 
 def to_bytes(value: dict[str, Any]) -> bytes:

@@ -133,10 +133,50 @@ def test_ids_are_stored_in_the_narrowest_type_their_vocabulary_fits(tmp_path: Pa
     assert stored[0] == 69_999 and stored[2] == 65_536
 
 
+def test_a_tokenizer_json_of_256_ids_or_fewer_writes_its_ids_as_uint8(tmp_path: Path, capsys) -> None:
+    """A byte-level BPE with no merges (256 ids): prepare writes uint8 ids that training reads back."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    small = HFTokenizer(models.BPE())
+    small.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    small.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # every byte, no merges: 256 ids
+    trainer = trainers.BpeTrainer(vocab_size=256, initial_alphabet=alphabet, show_progress=False)
+    small.train_from_iterator(["x"], trainer)
+    small.save(str(tmp_path / "small.json"))
+    corpus = stdlib_corpus(tmp_path / "corpus", files=3)
+    args = ["tokens", str(corpus), str(tmp_path / "out"), "--tokenizer", str(tmp_path / "small.json"), "--val-every=3"]
+    assert prepare.main(args) == 0, capsys.readouterr().err
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("bpe", 256, "uint8")
+    val_ids = find(tmp_path / "small.json").encode(sorted(corpus.iterdir())[0].read_text())
+    assert (tmp_path / "out" / "val.bin").read_bytes() == bytes(val_ids), "one byte an id"
+    _, val = token_windows(str(tmp_path / "out"), 16, 8, 4, vocab_size=256)
+    assert val[0][0].dtype == torch.int64 and len(val) == 4
+
+
 def test_a_model_whose_vocabulary_is_not_the_tokenizers_is_refused_in_one_line(bpe_folder: Path) -> None:
     with pytest.raises(ConfigError, match=f"model.vocab_size=256, .* have {VOCAB} ids .* set model.vocab_size={VOCAB}"):
         token_windows(str(bpe_folder), 16, 8, 8, vocab_size=256)
     assert len(token_windows(str(bpe_folder), 16, 8, 8, vocab_size=VOCAB)[1]) == 8
+
+
+def test_a_moved_token_folder_is_refused_naming_the_settings_to_change(bpe_folder: Path, tmp_path: Path) -> None:
+    """A checkpoint records its token folder (data.root, task.vocab_from): moved, each refusal names its setting."""
+    moved = tmp_path / "moved"
+    with pytest.raises(ConfigError) as refused:
+        LanguageModel(str(moved))
+    assert str(refused.value) == (
+        f"task.vocab_from={moved} is not a token folder (no meta.json): give task.vocab_from=<the OUT of prepare "
+        "tokens, where it is now>"
+    )
+    with pytest.raises(ConfigError, match=r"first, or give data.root=<where it is now> \(and task.vocab_from="):
+        token_windows(str(moved), 16, 8, 8)
+    with pytest.raises(ConfigError, match=f"^tokenizer={tmp_path} is not a token folder"):
+        find(tmp_path)
+    shutil.copytree(bpe_folder, moved)
+    assert LanguageModel(str(moved)).token_bytes is not None
 
 
 def test_val_bpb_over_bpe_tokens_is_all_the_windows_bits_over_all_the_bytes_they_stand_for(bpe_folder: Path) -> None:

@@ -17,7 +17,7 @@ from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.data.loader import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate, summed
 from {{cookiecutter.package_name}}.models import GPT
-from {{cookiecutter.package_name}}.tasks import Classification, LanguageModel
+from {{cookiecutter.package_name}}.tasks import IGNORE, Classification, LanguageModel
 
 from ..helpers import SMALL, BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
 
@@ -87,7 +87,8 @@ def test_a_rank_without_samples_still_reports_the_metric_names() -> None:
     loaders = val_loaders(3, val_size=2)
     empty = next(loader for loader in loaders if len(loader.dataset) == 0)
     result = evaluate(small_model(), empty, Classification(), CPU)
-    assert result == EvalResult({"loss": 0.0, "acc": 0.0}, 0)
+    assert list(result.metrics) == ["loss", "acc"] and result.samples == 0
+    assert all(math.isnan(value) for value in result.metrics.values()), "alone, it counted nothing: not a 0"
 
 
 def test_the_result_reads_as_metrics_jsonl_and_the_console_take_it() -> None:
@@ -184,3 +185,25 @@ def test_counts_past_float32s_integers_stay_exact() -> None:
     assert summed(torch.ones(3), many).tolist() == [3.0, float(many)]
     assert summed((torch.tensor(3.0), many), 0).tolist() == [3.0, float(many)]
     assert summed((torch.tensor(3.0), torch.tensor(many)), 0).tolist() == [3.0, float(many)]
+
+
+def masked_windows() -> tuple[list, list]:
+    """windows() with every target masked (IGNORE, as pad_windows pads): a (total, count) pair counts nothing."""
+    return tuple([(inputs, torch.full_like(targets, IGNORE)) for inputs, targets in part] for part in windows())
+
+
+def test_a_validation_that_counted_no_items_is_nan_and_says_why() -> None:
+    """Before: total / max(count, 1), val_loss=0.000000, the best a run could reach."""
+    node = {"batch_size": 2, "dataset": {"_target_": f"{__name__}.masked_windows"},
+            "collate": {"_target_": f"{pad_windows.__module__}.pad_windows"}}  # fmt: skip
+    data = build_data(DataConfig.from_node(node), cpu_env(0, 1), seed=0)
+    torch.manual_seed(0)
+    result = evaluate(GPT(16, 16, layers=1, heads=2, width=16), data.val_loader, LanguageModel(), CPU)
+    assert result.samples == 7 and list(result.metrics) == ["loss", "bpb"]
+    assert all(math.isnan(value) for value in result.metrics.values())
+    assert result.line() == "val_loss=nan val_bpb=nan val_samples=7"
+    assert result.uncounted() == (
+        "val_loss, val_bpb are NaN: the validation counted no items (every target masked?); such a validation "
+        "is never ranked best nor counted as an improvement"
+    )
+    assert EvalResult({"loss": 0.5}, 3).uncounted() == ""

@@ -15,14 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from {{cookiecutter.package_name}}.config import DDPConfig, FSDPConfig, TrainerConfig
+from {{cookiecutter.package_name}}.config import DDPConfig, FSDPConfig, TrainerConfig, to_train_config
 from {{cookiecutter.package_name}}.datasets.collate import pad_sequences, pad_windows
-from {{cookiecutter.package_name}}.engine.strategies import strategy_class
+from {{cookiecutter.package_name}}.engine.strategies import Strategy, strategy_class
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner
 from {{cookiecutter.package_name}}.models import GPT
-from {{cookiecutter.package_name}}.tasks import Classification, InfoNCE, LanguageModel
+from {{cookiecutter.package_name}}.tasks import IGNORE, Classification, InfoNCE, LanguageModel
 
-from ..helpers import BagOfTokens, on_ranks
+from ..helpers import CPU, BagOfTokens, compose_config, on_ranks
 
 LENGTHS = [3, 9, 1, 6, 4]  # the global batch: 5 sequences of uneven lengths
 DDP = DDPConfig(
@@ -160,3 +160,22 @@ def test_the_token_weighted_loss_weighs_each_window_by_its_tokens_not_each_windo
                            F.cross_entropy(logits[1, :1], targets[1, :1], reduction="none")])  # fmt: skip
     torch.testing.assert_close(total / count, per_token.mean())
     assert not math.isclose((total / count).item(), (per_token[:9].mean() + per_token[9]).item() / 2, rel_tol=1e-3)
+
+
+def test_a_step_that_counted_no_items_takes_a_zero_finite_gradient_and_is_known_empty_on_the_device() -> None:
+    """Every target masked: the global count is 0. The gradients stay 0 (clipped, still finite), the weights
+    do not move under plain SGD, and the step's count stays on the device for the log line's empty_steps."""
+    model, task, collate = case("tokens")
+    before = [p.detach().clone() for p in model.parameters()]
+    config = TrainerConfig(
+        epochs=1, log_every_n_steps=1, record_samples=False, precision="fp32", channels_last=False,
+        compile=False, grad_accum_steps=1, clip_grad_norm=1.0,
+    )  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    plain = Strategy(to_train_config(compose_config()), CPU)  # the base strategy: no wrapper, no reduction
+    runner = StepRunner(model, optimizer, config, CPU.device, 1, task, plain)  # type: ignore[arg-type]
+    inputs, targets = collate(items("tokens")[:3])
+    total = runner.micro_step(inputs, torch.full_like(targets, IGNORE), torch.ones(3), 3, sync=True)
+    norm = runner.optimizer_step()
+    assert total == 0 and norm == 0 and runner.step_count == 0 and runner.step_count.device == CPU.device
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -16,14 +16,15 @@ from torch import nn
 
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER, STOPPED_MARKER
-from {{cookiecutter.package_name}}.config import TrainerConfig, to_train_config
+from {{cookiecutter.package_name}}.config import DataConfig, TrainerConfig, to_train_config
+from {{cookiecutter.package_name}}.datasets.collate import pad_windows
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
 from {{cookiecutter.package_name}}.engine.distributed.process_group import weights_fingerprint
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.engine.strategies import Strategy
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner, optimizer_steps
-from {{cookiecutter.package_name}}.tasks import Classification
+from {{cookiecutter.package_name}}.tasks import IGNORE, Classification
 
 from ..helpers import CPU, assert_same, compose_config, on_ranks, train_stop_resume, trainer
 
@@ -425,3 +426,44 @@ def test_a_total_and_count_loss_steps_as_the_mean_also_when_fp16_scales_it(preci
     tolerance = {"rtol": 1e-5, "atol": 1e-7} if precision == "fp32" else {"rtol": 1e-2, "atol": 1e-3}
     for pair, mean in zip(moved["pair"], moved["mean"], strict=True):
         torch.testing.assert_close(pair, mean, **tolerance)
+
+
+def half_masked_windows() -> tuple[list, list]:
+    """Language-model windows of 8 tokens: 4 to train on, the odd two with every target masked (IGNORE, as
+    pad_windows pads); 3 to validate on, all masked."""
+
+    def window(first: int, masked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.arange(first, first + 9) % 16
+        return tokens[:-1], torch.full((8,), IGNORE) if masked else tokens[1:]
+
+    return [window(i, i % 2 == 1) for i in range(4)], [window(30 + i, True) for i in range(3)]
+
+
+def test_a_total_and_count_loss_that_counted_nothing_is_nan_said_why_counted_and_never_best(tmp_path, caplog) -> None:
+    """Before: a log line of only empty steps said train_loss=0.0, a validation of no items val_loss=0.000000,
+    and that validation was ranked best. Now: NaN, a line that says why (not a divergence), the empty steps
+    counted in metrics.jsonl, no validation ranked best or counted as an improvement."""
+    caplog.set_level("INFO")
+    overrides = ["task=language_model", "model.width=16", "model.layers=1", "model.heads=2", "data.block_size=8",
+                 "trainer.max_steps=4", "trainer.log_every_n_steps=1", "trainer.val_every_n_steps=2",
+                 "checkpoint.keep_best=1", "trainer.early_stop_patience=3"]  # fmt: skip
+    config = to_train_config(compose_config(overrides, classification=False))
+    config.data = DataConfig.from_node({"batch_size": 1, "dataset": {"_target_": f"{__name__}.half_masked_windows"},
+                                        "collate": {"_target_": f"{pad_windows.__module__}.pad_windows"}})  # fmt: skip
+    run = build_trainer(config, CPU, tmp_path)
+    run.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [record for record in records if record["kind"] == "train"]
+    assert sorted(record["empty_steps"] for record in train) == [0, 0, 1, 1], "one window a step, in any order"
+    for record in train:
+        assert (record["train_loss"] == "NaN") == (record["empty_steps"] == 1), record
+        assert record["train_loss"] == "NaN" or record["train_loss"] > 0, record
+    assert [(record["step"], record["val_loss"]) for record in records if record["kind"] == "val"] == [
+        (2, "NaN"), (4, "NaN")]  # fmt: skip
+    assert run.monitor.best == [] and run.monitor.bad == 2 and not run.monitor.stopped
+    assert json.loads((tmp_path / "checkpoints" / "best.json").read_text())["best"] == [], "no checkpoint kept as best"
+    said = caplog.text
+    assert said.count("train_loss is NaN: the 1 step since the last log line counted no items (every target "
+                      "masked?) and took no gradient") == 2  # fmt: skip
+    assert said.count("val_loss, val_bpb are NaN: the validation counted no items") == 2
+    assert "diverged" not in said

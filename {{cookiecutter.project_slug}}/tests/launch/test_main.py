@@ -83,3 +83,19 @@ def test_workers_the_kernel_killed_for_memory_are_named_in_one_line(tmp_path: Pa
         "or give the job more memory"
     )
     assert said.format(line) in capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("threads", ["abc", "0", "-3", "2.5"])
+def test_a_bad_omp_num_threads_is_refused_in_one_line_before_torchrun(tmp_path: Path, monkeypatch, capsys, threads):
+    """torch reads OMP_NUM_THREADS in every worker and ignores (or warns on) a value it cannot take: refused here."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    calls: list = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    with pytest.raises(SystemExit) as exited:
+        main(["single", *SWEEP_JOB])
+    assert exited.value.code == 2 and not calls
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: OMP_NUM_THREADS={threads}: give a whole number of threads per process, at least 1")
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "outputs").exists()

@@ -4,8 +4,8 @@ a byte-level BPE (Hugging Face's `tokenizers`: trained on the corpus offline, or
 `prepare tokens CORPUS OUT --tokenizer bpe --vocab-size V` trains one on CORPUS's training files;
 `--tokenizer FILE` takes a tokenizer.json. Either way the tokenizer is copied to OUT/tokenizer.json and
 OUT/meta.json names it, so that training (the model's vocab_size), evaluation (val_bpb: the bytes each token
-stands for) and generate.py (its decoding) read the same one. Ids are written as uint16 where the
-vocabulary fits (65,536 ids), else as int32.
+stands for) and generate.py (its decoding) read the same one. Ids are written as uint8 where the
+vocabulary fits (256 ids: a tokenizer.json may be that small), as uint16 where it fits 65,536, else as int32.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def chosen(spec: str | None, vocab_size: int | None, training_files: list[Path])
 def write_ids(tokenizer: Tokenizer, files: list[Path], folder: Path, val_every: int, repeat: int) -> list[int]:
     """tokens.py's write_splits for a BPE: each file's ids appended to train.bin, or to val.bin for every
     `val_every`-th one (the same split), in the tokenizer's dtype. The ids written to each split."""
-    typecode = {"uint16": "H", "int32": "i"}[tokenizer.dtype]
+    typecode = {"uint8": "B", "uint16": "H", "int32": "i"}[tokenizer.dtype]  # a tokenizer.json of <= 256 ids: uint8
     counts = [0, 0]
     with open(folder / "train.bin", "wb") as train, open(folder / "val.bin", "wb") as val:
         encoded: dict[Path, bytes] = {}  # --repeat: each file encoded once
@@ -152,13 +152,17 @@ def save(tokenizer: Tokenizer, folder: Path) -> dict[str, Any]:
     return {"tokenizer": "bpe", "vocab_size": tokenizer.vocab_size, "dtype": tokenizer.dtype, "tokenizer_file": FILE}
 
 
-def of_folder(root: str | Path) -> Tokenizer:
-    """The tokenizer a token folder was written with (its meta.json): bytes, or its tokenizer.json."""
+def of_folder(root: str | Path, key: str = "task.vocab_from") -> Tokenizer:
+    """The tokenizer a token folder was written with (its meta.json): bytes, or its tokenizer.json. `key`: the
+    setting that named the folder, which a refusal names (a checkpoint's folder may have moved since)."""
     folder = Path(root)
     try:
         meta = json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError) as error:
-        raise ConfigError(f"{folder} is not a token folder ({error}): give the OUT of prepare tokens") from None
+        why = "no meta.json" if isinstance(error, FileNotFoundError) else str(error)
+        raise ConfigError(
+            f"{key}={folder} is not a token folder ({why}): give {key}=<the OUT of prepare tokens, where it is now>"
+        ) from None
     if meta.get("tokenizer", "bytes") == "bytes":
         return Tokenizer()
     return load(folder / meta.get("tokenizer_file", FILE))
@@ -167,4 +171,4 @@ def of_folder(root: str | Path) -> Tokenizer:
 def find(spec: str | Path) -> Tokenizer:
     """A token folder's tokenizer, or a tokenizer.json itself (generate.py's `tokenizer=`)."""
     path = Path(spec)
-    return of_folder(path) if path.is_dir() else load(path)
+    return of_folder(path, "tokenizer") if path.is_dir() else load(path)

@@ -234,7 +234,10 @@ def read_meta(root: str) -> dict[str, Any]:
     folder = Path(root)
     command = f"{PREPARE_COMMAND} CORPUS {root}"
     if not (folder / "meta.json").is_file():
-        raise ConfigError(f"data.root={root} is not a token folder (no meta.json): run `{command}` first")
+        raise ConfigError(
+            f"data.root={root} is not a token folder (no meta.json): run `{command}` first, or give data.root=<where "
+            "it is now> (and task.vocab_from=, the same, where a checkpoint's token folder has moved)"
+        )
     try:
         meta = json.loads((folder / "meta.json").read_text())
         itemsize = DTYPES[meta["dtype"]].itemsize

@@ -1,11 +1,14 @@
 """Exact evaluation: every rank scores a disjoint, unpadded share; the sums are all-reduced.
 
 The figures equal a one-process evaluation of the same weights at any world size, also when
-the set size is not divisible by it (DistributedSampler would pad with repeated samples).
+the set size is not divisible by it (DistributedSampler would pad with repeated samples). A figure
+that counted nothing over the whole set (a (total, count) pair's count 0 everywhere: every target
+masked) is NaN, not 0: a 0 would be ranked the best validation of the run.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ from .distributed.process_group import all_gather_int, all_reduce_sum
 class EvalResult:
     metrics: dict[str, float]  # the task's metrics, each the mean over the whole set (its samples, or its items)
     samples: int
+    nothing_counted: tuple[str, ...] = ()  # val_<name> of the figures NaN because their count was 0 everywhere
 
     @property
     def loss(self) -> float:
@@ -34,6 +38,14 @@ class EvalResult:
     def line(self) -> str:
         figures = " ".join(f"val_{name}={value:.6f}" for name, value in self.metrics.items())
         return f"{figures} val_samples={self.samples}"
+
+    def uncounted(self) -> str:
+        """Why some figures are NaN, in one line, where they counted no items; "" where all counted some."""
+        if not self.nothing_counted:
+            return ""
+        return (f"{', '.join(self.nothing_counted)} {'are' if len(self.nothing_counted) > 1 else 'is'} NaN: the "
+                "validation counted no items (every target masked?); such a validation is never ranked best nor "
+                "counted as an improvement")  # fmt: skip
 
 
 @torch.no_grad()
@@ -74,8 +86,11 @@ def evaluate(
     all_reduce_sum(samples)
     model.train(was_training)
     totals, counts = sums.tolist()  # type: ignore[union-attr]
-    means = {name: total / max(count, 1) for name, total, count in zip(names, totals, counts, strict=True)}
-    return EvalResult(summarised(task, means), int(samples.item()))
+    means = {name: total / count if count else math.nan  # nothing counted: no figure (a 0 would rank best)
+             for name, total, count in zip(names, totals, counts, strict=True)}  # fmt: skip
+    figures = summarised(task, means)
+    empty = tuple(f"val_{name}" for name, value in figures.items() if math.isnan(value)) if 0 in counts else ()
+    return EvalResult(figures, int(samples.item()), empty)
 
 
 def summed(value: Any, samples: int) -> torch.Tensor:

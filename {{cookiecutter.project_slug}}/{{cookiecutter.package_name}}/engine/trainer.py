@@ -161,7 +161,7 @@ class Trainer:
         config, state, sampler = self.config, self.state, self.data.sampler
         sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
         sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
-        interval = Interval(torch.zeros((), device=self.env.device), torch.zeros((), device=self.env.device))
+        interval = Interval(*(torch.zeros((), device=self.env.device) for _ in range(3)))  # loss, items, empty
         batches: Any = self.data.train_loader
         bar = None
         if use_progress_bar(self.env):
@@ -210,9 +210,13 @@ class Trainer:
             if self.sample_audit.enabled:
                 indices = batch.indices[batch.weights.cpu() > 0].tolist()
                 self.sample_audit.write("samples", step=state.step + 1, epoch=state.epoch, indices=indices)
-        if self.runner.items is not None:  # a (total, count) loss: the log line's loss is the totals over the counts
-            interval.items += self.runner.items.to(interval.items)
+        pairs = self.runner.items is not None
+        if pairs:  # a (total, count) loss: the log line's loss is the totals over the counts
+            interval.items += self.runner.items.to(interval.items)  # type: ignore[union-attr]
         grad_norm = self.runner.optimizer_step()
+        if pairs:  # on the device: the steps whose global count was 0 (no gradient from their data)
+            interval.pairs = True
+            interval.empty += (self.runner.step_count == 0).to(interval.empty)  # type: ignore[union-attr]
         if self.grad_norms is None:
             self.grad_norms = torch.zeros((), device=grad_norm.device)
         self.grad_norms += grad_norm
@@ -233,14 +237,23 @@ class Trainer:
     def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
         # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
         # norm (the same on every rank) and the items of a (total, count) loss with it, on the loss's
-        # device (fsdp.cpu_offload's is the CPU).
+        # device (fsdp.cpu_offload's is the CPU); the empty steps (the same on every rank) after it.
         grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
         figures = [interval.loss_sum, grad_norms.to(interval.loss_sum), interval.items.to(interval.loss_sum)]
-        sums = all_reduce_sum(torch.stack(figures)).tolist()
+        sums = torch.cat([all_reduce_sum(torch.stack(figures)), interval.empty.to(interval.loss_sum)[None]]).tolist()
         elapsed = time.perf_counter() - interval.started
-        # Per sample: the mean of the steps' losses; pairs: all the interval's totals over all its items.
-        train_loss = sums[0] / sums[2] if sums[2] else sums[0] / (self.env.world_size * interval.steps)
-        if not math.isfinite(train_loss):  # the same sum on every rank: all stop at this step
+        # Per sample: the mean of the steps' losses; pairs: all the interval's totals over all its items
+        # (none counted: no loss to say, NaN, and not a divergence: the weights took no gradient).
+        uncounted = interval.pairs and not sums[2]
+        if interval.pairs:
+            train_loss = sums[0] / sums[2] if sums[2] else math.nan
+        else:
+            train_loss = sums[0] / (self.env.world_size * interval.steps)
+        if uncounted and self.env.is_main:
+            log.warning("step %d: train_loss is NaN: the %d step%s since the last log line counted no items (every "
+                        "target masked?) and took no gradient", self.state.step, interval.steps,
+                        "s" * (interval.steps > 1))  # fmt: skip
+        if not math.isfinite(train_loss) and not uncounted:  # the same sum on every rank: all stop at this step
             raise JobError(
                 f"training diverged by step {self.state.step}: the loss is {train_loss}; lower optim.lr or set "
                 f"trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite weights)"
@@ -254,9 +267,13 @@ class Trainer:
             "grad_norm": sums[1] / (self.env.world_size * interval.steps),  # before clipping; the interval's mean
             **self.throughput.figures(interval.samples / max(elapsed, 1e-9), self.env),
         }
+        if interval.pairs:  # a (total, count) loss: its optimizer steps whose global count was 0
+            values["empty_steps"] = int(sums[3])
         self.metrics.write("train", **values)
-        log.info("epoch %d step %d: train_loss=%.4f lr=%.4g grad_norm=%.4g %.0f samples/s", values["epoch"],
-                 values["step"], train_loss, values["lr"], values["grad_norm"], values["samples_per_s"])  # fmt: skip
+        empty = f" empty_steps={values['empty_steps']}" if values.get("empty_steps") else ""
+        log.info("epoch %d step %d: train_loss=%.4f lr=%.4g grad_norm=%.4g %.0f samples/s%s", values["epoch"],
+                 values["step"], train_loss, values["lr"], values["grad_norm"], values["samples_per_s"],
+                 empty)  # fmt: skip
         if progress_bar is not None:
             progress_bar.set_postfix(
                 step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
@@ -269,6 +286,8 @@ class Trainer:
         """Validate at this step and record it: metrics.jsonl (and the sinks), then the callbacks."""
         result = self.last_result = self.validate()
         self.validated_at = self.state.step
+        if (why := result.uncounted()) and self.env.is_main:  # NaN: the monitor ranks and counts it as no improvement
+            log.warning("step %d: %s", self.state.step, why)
         self.metrics.write("val", step=self.state.step, epoch=self.state.epoch, **result.record())
         self.callbacks.fire("on_validation_end", result.record())
         return result
@@ -347,6 +366,7 @@ class StepRunner:
         # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.items: torch.Tensor | None = None  # a (total, count) loss: the step's local count so far
+        self.step_count: torch.Tensor | None = None  # and the last step's global count, on the device
 
     def micro_step(
         self, inputs: Any, targets: Any, weights: torch.Tensor, real_samples: int, sync: bool
@@ -388,7 +408,11 @@ class StepRunner:
         local shard of a sharded one) times world_size / global count, where each strategy has averaged
         the gradients over the ranks."""
         items, self.items = all_reduce_sum(self.items), None  # type: ignore[arg-type]
-        factor = (self.world_size / items.clamp_min(1)).float()  # no items (all masked): the gradients are 0
+        self.step_count = items
+        # No items (every target masked): the totals' gradients are 0, and times a finite factor stay 0. The
+        # step still runs (a stateful optimizer's momentum and weight decay act as on any zero gradient):
+        # skipping it would need the count on the host, a read-back every step.
+        factor = (self.world_size / items.clamp_min(1)).float()
         grads: dict[torch.device, list[torch.Tensor]] = {}
         for param in self.params:
             if param.grad is not None:
@@ -436,6 +460,8 @@ class Interval:
 
     loss_sum: torch.Tensor
     items: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # a (total, count) loss's counts
+    empty: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # its steps whose global count was 0
+    pairs: bool = False  # whether the loss is a (total, count) pair
     steps: int = 0
     lr: float = 0.0  # the learning rate of the last step (a scheduler has set the next one's since)
     samples: int = 0
@@ -444,6 +470,7 @@ class Interval:
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.items.zero_()
+        self.empty.zero_()
         self.steps, self.samples, self.started = 0, 0, time.perf_counter()
 
 

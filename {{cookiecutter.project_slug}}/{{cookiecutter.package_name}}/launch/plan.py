@@ -43,7 +43,13 @@ def worker_environment(environ: dict[str, str], threads: int = 1) -> dict[str, s
     """What the launch sets for the workers, unless the user set it: `threads` per process (see
     cpu_threads), and MKL_CBWR: Intel MKL may give a matrix product other low bits when its
     operands lie at other memory alignments, and a restarted worker lays them out anew; STRICT
-    makes CPU results depend on the inputs only, which bit-exact resume on CPUs needs."""
+    makes CPU results depend on the inputs only, which bit-exact resume on CPUs needs. The user's
+    OMP_NUM_THREADS must be a whole number of at least 1: OpenMP and torch ignore another, or warn
+    in every worker, and the job would run on threads nobody chose."""
+    given = environ.get("OMP_NUM_THREADS") or ""
+    if given and not (re.fullmatch(r"[0-9]+", given) and int(given) >= 1):
+        raise LaunchError(f"OMP_NUM_THREADS={given}: give a whole number of threads per process, at least 1 "
+                          f"(e.g. OMP_NUM_THREADS={threads}), or unset it and the launch sets {threads}")  # fmt: skip
     defaults = {"OMP_NUM_THREADS": str(threads), "MKL_CBWR": "AUTO,STRICT"}
     return {name: environ.get(name) or value for name, value in defaults.items()}
 

@@ -140,6 +140,20 @@ class SummedLoss(Classification):
         return super().loss(logits, labels).sum(), len(labels)
 
 
+class CountOfShapeOne(Classification):
+    """A count as a tensor of one element, not a scalar: the log line's sums cannot take it mid-run."""
+
+    def loss(self, logits, labels):  # noqa: ANN001, ANN201
+        return super().loss(logits, labels).sum(), torch.tensor([len(labels)])
+
+
+class MetricCountOfShapeOne(SummedLoss):
+    """The loss is fine; a validation metric's count is not (the validation would fail at its first batch)."""
+
+    def metrics(self, logits, labels):  # noqa: ANN001, ANN201
+        return {"loss": (super().loss(logits, labels), torch.ones(1))}
+
+
 class ThreeValues(Classification):
     def loss(self, logits, labels):  # noqa: ANN001, ANN201
         return super().loss(logits, labels).sum(), len(labels), 0
@@ -153,3 +167,12 @@ def test_a_loss_is_one_value_per_sample_or_a_total_and_count_pair() -> None:
     checked(f"{__name__}.SummedLoss")
     with pytest.raises(ConfigError, match=r"loss\(\) returned a tuple of 3: a pair must be \(total, count\)"):
         checked(f"{__name__}.ThreeValues")
+
+    with pytest.raises(ConfigError) as refused:
+        checked(f"{__name__}.CountOfShapeOne")
+    assert str(refused.value) == (
+        f"task._target_={__name__}.CountOfShapeOne: loss() returned a count of shape (1,): a pair's count must be a "
+        "scalar, a 0-d tensor (e.g. mask.sum()) or a plain number"
+    )
+    with pytest.raises(ConfigError, match=r"MetricCountOfShapeOne: metrics\(\)\['loss'\] returned a count of shape "):
+        checked(f"{__name__}.MetricCountOfShapeOne")

@@ -108,22 +108,42 @@ def check_components(config: TrainConfig) -> torch.nn.Module:
     try:
         with torch.no_grad():
             model.eval()
-            loss = task.loss(model_forward(model, inputs), targets)
+            outputs = model_forward(model, inputs)
+            loss = task.loss(outputs, targets)
+            metrics = task.metrics(outputs, targets)
     except Exception as error:
         raise ConfigError(
             f"model, data and task do not fit together: one batch fails with {first_line(error)}; "
             "check model=, data= and task= (and data.num_classes)"
         ) from None
+    target = f"task._target_={config.task['_target_']}"
     if isinstance(loss, tuple):  # (total, count): the items' summed loss and their number
         total, count = loss if len(loss) == 2 else (None, None)
-        if not (isinstance(total, torch.Tensor) and total.dim() == 0 and isinstance(count, torch.Tensor | int)):
+        if not (isinstance(total, torch.Tensor) and total.dim() == 0):
             raise ConfigError(
-                f"task._target_={config.task['_target_']}: loss() returned a tuple of {len(loss)}: a pair must be "
+                f"{target}: loss() returned a tuple of {len(loss)}: a pair must be "
                 "(total, count), the loss summed over the batch's items as a 0-d tensor and their number"
             )
+        check_count(count, f"{target}: loss()")
     elif not (isinstance(loss, torch.Tensor) and loss.shape == (len(items),)):
         raise ConfigError(
-            f"task._target_={config.task['_target_']}: loss() must return one value per sample, "
+            f"{target}: loss() must return one value per sample, "
             f"shape ({len(items)},), or a pair (total, count), got {tuple(getattr(loss, 'shape', ()))}"
         )
+    for name, value in metrics.items():  # a pair's count of another shape fails the validation's first batch
+        if isinstance(value, tuple) and len(value) == 2:
+            check_count(value[1], f"{target}: metrics()['{name}']")
     return model
+
+
+def check_count(count: Any, said: str) -> None:
+    """A pair's count is summed with the other batches' into one number (the log line's, the validation's): a
+    scalar, a 0-d tensor or a plain number; a tensor of one element, shape (1,), fails there mid-run."""
+    if isinstance(count, torch.Tensor) and count.dim() != 0:
+        raise ConfigError(
+            f"{said} returned a count of shape {tuple(count.shape)}: a pair's count must be a scalar, a 0-d tensor "
+            "(e.g. mask.sum()) or a plain number"
+        )
+    if not isinstance(count, torch.Tensor | int | float):
+        raise ConfigError(f"{said} returned a count of type {type(count).__name__}: a pair's count must be a scalar, "
+                          "a 0-d tensor (e.g. mask.sum()) or a plain number")  # fmt: skip
