@@ -20,7 +20,7 @@ from .common.errors import ConfigError, fail
 from .common.storage import local_path
 from .engine.assembly.components import build_model
 from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, write_atomically
-from .engine.checkpoint.trust import check_trusted
+from .engine.checkpoint.trust import check_trusted, saved_config
 from .engine.checkpoint.weights import has_ema, load_weights
 from .engine.distributed.process_group import weights_fingerprint
 
@@ -37,8 +37,11 @@ def export(checkpoint: Path, out: Path, trust: bool = False) -> str:
         payload = load_checkpoint(checkpoint)
     except (NotACheckpoint, FileNotFoundError) as error:
         raise ConfigError(f"{error}; give a run's checkpoints/step_<N>.pt or step_<N>/") from None
-    check_trusted(payload.get("config", {}), trust, "--trust-checkpoint")
-    model = build_model(payload["config"]["model"])
+    saved = saved_config(payload)
+    check_trusted(saved, trust, "--trust-checkpoint")
+    if not isinstance(saved.get("model"), dict):
+        raise ConfigError(f"{checkpoint}: its config has no model node: not a run's checkpoint of this project")
+    model = build_model(saved["model"])
     load_weights(checkpoint, model, payload)  # whatever strategy wrote it
     weights = model.state_dict()
     out.parent.mkdir(parents=True, exist_ok=True)

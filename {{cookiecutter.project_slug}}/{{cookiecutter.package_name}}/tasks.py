@@ -15,6 +15,9 @@ A task is any object with two methods, chosen by `task._target_`:
   first one (by convention `loss`) is the validation loss.
 - optionally `summarise(means)`: the figures reported, from those means (a ratio of two sums over the
   whole set: LanguageModel's bits per byte of a BPE); without it, the means are the figures.
+- optionally, metrics of the whole set at once (AUROC, macro-F1, a confusion matrix): `epoch_outputs` (per
+  sample, gathered in sample order) and/or `epoch_sums` (counts, summed exactly) of (outputs, targets), which
+  `epoch_metrics(epoch)` turns into figures and tables (engine/evaluate.py; docs/tasks.md, "Over the whole set").
 
 Outputs are what the model returns; targets what the data set's items carry after the input.
 
@@ -58,8 +61,8 @@ class Task(Protocol):
 
 
 class Classification:
-    """Cross-entropy over classes; val_loss and val_acc. Predictions: the logits, their softmax
-    (`predict_as=probs`) or the class ids (`predict_as=class`, int64)."""
+    """Cross-entropy; val_loss, val_acc, val_macro_f1 and a confusion matrix (rows: true class, columns: predicted).
+    Predictions: the logits, their softmax (`predict_as=probs`) or the class ids (`predict_as=class`, int64)."""
 
     predictions = ("logits", "probs", "class")
 
@@ -68,6 +71,17 @@ class Classification:
 
     def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"loss": self.loss(logits, labels), "acc": (logits.argmax(dim=1) == labels).float()}
+
+    def epoch_sums(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        classes = logits.shape[1]
+        pairs = (labels * classes + logits.argmax(dim=1))[labels >= 0]  # (an ignored label, -100: not counted)
+        return {"confusion_matrix": torch.bincount(pairs, minlength=classes**2).view(classes, classes)}
+
+    def epoch_metrics(self, epoch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        # Macro-F1 as scikit-learn's: over the classes true or predicted at least once, 2 TP / (2 TP + FP + FN).
+        matrix = epoch["confusion_matrix"]
+        hits, seen = 2 * matrix.diagonal().double(), (matrix.sum(0) + matrix.sum(1)).double()
+        return {"macro_f1": (hits / seen)[seen > 0].mean().item(), "confusion_matrix": matrix}
 
     def predict(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
         return predicted(logits, kind, dim=1)
@@ -265,6 +279,9 @@ class ClassificationWithAux(Classification):
         return {"loss": super().loss(logits, labels), "acc": (logits.argmax(dim=1) == labels).float(),
                 "aux": (aux.double() * len(labels), len(labels))}  # fmt: skip
 
+    def epoch_sums(self, outputs: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return super().epoch_sums(outputs[0], labels)
+
     def predict(self, outputs: tuple[torch.Tensor, torch.Tensor], kind: str) -> torch.Tensor:  # type: ignore[override]
         return super().predict(outputs[0], kind)
 
@@ -276,3 +293,8 @@ def predicted(logits: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
     if kind == "probs":
         return F.softmax(logits.float(), dim=dim)
     return logits.argmax(dim=dim)
+
+
+# What a checkpoint's config may build (engine/checkpoint/trust.py): a task of yours here, named by no config
+# file, is added to it; anything of the package not listed is refused.
+BUILDABLE = (Classification, LanguageModel, InfoNCE, ClassificationWithAux)

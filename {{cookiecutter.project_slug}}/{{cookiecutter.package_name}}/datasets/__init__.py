@@ -25,6 +25,10 @@ from .images import (
 from .shards import ShardedSet, sharded
 from .tokens import TokenWindows, token_windows
 
+# What a checkpoint's config may build (engine/checkpoint/trust.py): a data set of yours here, named by no config
+# file, is added to it; anything of the package not listed is refused.
+BUILDABLE = (synthetic_images, cifar10, image_folder, text, token_windows, sharded)
+
 __all__ = [
     "TensorImages",
     "TextWindows",

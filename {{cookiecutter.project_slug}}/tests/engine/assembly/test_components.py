@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.assembly.components import import_targets, target_of
+from {{cookiecutter.package_name}}.engine.assembly.components import build_task, import_targets, target_of
+from {{cookiecutter.package_name}}.tasks import LanguageModel
 
 from ...helpers import PROJECT_DIR, compose_config
 
@@ -38,3 +39,26 @@ def test_a_rank_that_does_not_check_imports_the_targets_modules_and_leaves_failu
     monkeypatch.delitem(sys.modules, "startup_model", raising=False)
     import_targets([{"_target_": "no_such_module.build"}, {"_target_": "startup_model.build"}, None, {}])
     assert "startup_model" in sys.modules  # imported before the group forms, not after
+
+
+class OwnTask:
+    """A user's own task that takes no arguments, as tasks were before task=language_model offered vocab_from."""
+
+    def loss(self, outputs, targets):  # noqa: ANN001, ANN201
+        return outputs
+
+    def metrics(self, outputs, targets):  # noqa: ANN001, ANN201
+        return {"loss": outputs}
+
+
+class OwnTaskWithOptions(OwnTask):
+    def __init__(self, **options) -> None:  # noqa: ANN003
+        self.options = options
+
+
+def test_task_language_models_vocab_from_reaches_only_a_task_that_takes_it() -> None:
+    for task, built in ((f"{__name__}.OwnTask", OwnTask), ("{{cookiecutter.package_name}}.tasks.LanguageModel", LanguageModel)):
+        config = to_train_config(compose_config(["task=language_model", f"task._target_={task}"]))
+        assert "vocab_from" in config.task and isinstance(build_task(config.task), built)
+    config = to_train_config(compose_config(["task=language_model", f"task._target_={__name__}.OwnTaskWithOptions"]))
+    assert build_task(config.task).options == {"vocab_from": None}  # **options takes it

@@ -4,19 +4,25 @@ refuse each in one line before anything is imported or built, and run it only wi
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+import {{cookiecutter.package_name}}
 from {{cookiecutter.package_name}} import eval as eval_entry
+from {{cookiecutter.package_name}} import generate as generate_entry
+from {{cookiecutter.package_name}} import predict as predict_entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.assembly.init_weights import read_weights
-from {{cookiecutter.package_name}}.engine.checkpoint.trust import check_trusted, trusted
+from {{cookiecutter.package_name}}.engine.checkpoint.trust import check_data_paths, check_trusted, trusted
 from {{cookiecutter.package_name}}.export import main as export_main
 
 from ...helpers import compose_config, cpu_env, on_ranks
@@ -49,7 +55,7 @@ def genuine(tmp_path_factory) -> dict[str, Path]:
             "fsdp": root / "fsdp" / "checkpoints" / "step_00000001"}  # fmt: skip
 
 
-def doctored(genuine: dict[str, Path], kind: str, tmp_path: Path, key: str, target: str) -> Path:
+def doctored(genuine: dict[str, Path], kind: str, tmp_path: Path, key: str, target: Any) -> Path:
     """A copy of a genuine checkpoint whose saved config names `target` at `key`, with PAYLOAD beside it
     on Python's path (as a folder shipped with a download is when one runs from it)."""
     source = genuine[kind]
@@ -156,12 +162,13 @@ def test_what_the_projects_configs_could_name_is_trusted_and_nothing_else() -> N
                    "torch.hub.load", f"{package}.models.os.system", f"{package}.launch.main.main",
                    f"{package}.engine.checkpoint.files.write_atomically", "torch.optim.Optimizer.step"):  # fmt: skip
         assert not trusted(target), target
-    # The user's side of the package, named by no config file (a model of their own in models.py): trusted
-    # where it is defined; the machinery is not, though defined in the package.
-    for target in (f"{package}.models.MixtureOfExperts", f"{package}.datasets.images.TensorImages"):
+    # The package's own names: what it registers (BUILDABLE) is trusted, named by no config file or not;
+    # the rest is not, the user's side of the package included (test_every_public_callable_... below).
+    for target in (f"{package}.models.MixtureOfExperts", f"{package}.callbacks.FreezeUntil"):
         assert trusted(target), target
     for target in (f"{package}.engine.checkpoint.trust.check_trusted", f"{package}.launch.job.train",
-                   f"{package}.models", f"{package}.models.nothing"):  # fmt: skip
+                   f"{package}.models", f"{package}.models.nothing", f"{package}.datasets.images.TensorImages",
+                   f"{package}.datasets.shard_cache.remove_unused"):  # fmt: skip
         assert not trusted(target), target
     with pytest.raises(ConfigError, match=r"names model.layers\[1\]._target_=evil.f, "):
         check_trusted({"model": {"_target_": "torch.nn.Sequential", "layers": [{}, {"_target_": "evil.f"}]}}, 0, "x")
@@ -204,3 +211,169 @@ def test_a_saved_interpolation_is_refused_and_never_reads_the_environment(
     with pytest.raises(SystemExit):
         export_main([str(path), str(tmp_path / "out.pt")])
     assert "holds an interpolation, model.width=" in capsys.readouterr().err and not (tmp_path / "out.pt").exists()
+
+
+# --- the allowlist: what the package registers, its configs name, torch's classes; nothing else of it
+
+# Every public callable of the package a checkpoint may build: its config files' targets and its registries
+# (BUILDABLE of models.py, tasks.py, datasets/__init__.py, datasets/collate.py, callbacks.py). A new one is
+# refused until it is registered, and then listed here.
+BUILDABLE = {
+    "models.SmallCNN", "models.GPT", "models.MixtureOfExperts",
+    "tasks.Classification", "tasks.LanguageModel", "tasks.InfoNCE", "tasks.ClassificationWithAux",
+    "datasets.images.synthetic_images", "datasets.images.cifar10", "datasets.images.image_folder",
+    "datasets.corpus.text", "datasets.tokens.token_windows", "datasets.shards.sharded",
+    "datasets.collate.pad_sequences", "datasets.collate.pad_windows",
+    "callbacks.FreezeUntil", "callbacks.LogWeightNorm", "callbacks.SecondValidation",
+    "engine.schedule.Cosine", "engine.schedule.Constant",
+}  # fmt: skip
+
+
+def public_callables() -> Iterator[tuple[str, Any]]:
+    """(dotted name, object) of every public function and class defined in a module of the package (a
+    `__main__` runs when imported, and defines nothing)."""
+    for info in pkgutil.walk_packages({{cookiecutter.package_name}}.__path__, "{{cookiecutter.package_name}}."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == info.name:
+                yield f"{info.name}.{name}", value
+
+
+def test_every_public_callable_of_the_package_off_the_allowlist_is_refused(monkeypatch) -> None:
+    found = dict(public_callables())
+    assert len(found) > 300 and "{{cookiecutter.package_name}}.datasets.shard_cache.remove_unused" in found
+    allowed = {f"{{cookiecutter.package_name}}.{name}" for name in BUILDABLE}
+    assert allowed <= found.keys()
+    for target in found:
+        node = {"model": {"_target_": "torch.nn.Sequential", "extra": {"_target_": target}}}
+        if target in allowed:
+            assert trusted(target), target
+            check_trusted(node, False, "x")
+            continue
+        assert not trusted(target), f"{target} is not registered, yet a checkpoint may build it"
+        with pytest.raises(ConfigError, match=rf"^the checkpoint's config names model.extra._target_={target}, "):
+            check_trusted(node, False, "x")
+
+    def added() -> None: ...
+
+    added.__module__ = "{{cookiecutter.package_name}}.models"
+    monkeypatch.setattr({{cookiecutter.package_name}}.models, "added", added, raising=False)
+    assert not trusted("{{cookiecutter.package_name}}.models.added"), "a function added tomorrow: refused until registered"
+
+
+def test_a_package_function_in_a_nested_node_is_refused_by_every_command_before_it_runs(
+    genuine, tmp_path, in_process, monkeypatch, capsys
+) -> None:
+    """The issue's case: a genuine checkpoint whose model node holds a node naming a function of the package's
+    data sets that deletes its `path` (a cache's eviction). Each command refuses it in one line, exit code 2."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    evil = {"_target_": "{{cookiecutter.package_name}}.datasets.shard_cache.remove_unused", "path": str(victim)}
+    path = doctored(genuine, "ddp", tmp_path, "model.extra", evil)
+    target = "{{cookiecutter.package_name}}.datasets.shard_cache.remove_unused"
+    commands = [(eval_entry, ["eval.py"]), (predict_entry, ["predict.py", f"out={tmp_path / 'p.pt'}"]),
+                (generate_entry, ["generate.py", "prompt=x"])]  # fmt: skip
+    for entry, argv in commands:
+        monkeypatch.setattr(sys, "argv", [*argv, f"ckpt_path={path}"])
+        with pytest.raises(SystemExit) as stopped:
+            entry.main()
+        assert stopped.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"names model.extra._target_={target}, " in err, err
+    with pytest.raises(SystemExit) as stopped:
+        export_main([str(path), str(tmp_path / "out.pt")])
+    assert stopped.value.code == 2 and f"model.extra._target_={target}" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=rf"names model.extra._target_={target}, "):
+        read_weights(path)
+    assert victim.read_text() == "kept" and not (tmp_path / "out.pt").exists()
+
+
+def test_a_torchvision_builder_is_never_given_weights_to_download_by_a_checkpoint(
+    genuine, tmp_path, in_process, monkeypatch, capsys
+) -> None:
+    builder = {"_target_": "torchvision.models.resnet18", "num_classes": 10}
+    for name, value in (("weights", "IMAGENET1K_V1"), ("pretrained", True), ("weights_backbone", "DEFAULT")):
+        with pytest.raises(ConfigError, match=rf"gives model.{name}={value} to model._target_=torchvision.models."):
+            check_trusted({"model": {**builder, name: value}}, False, "x")
+        check_trusted({"model": {**builder, name: value}}, False, "x", given={f"model.{name}"})  # the user's
+    check_trusted({"model": {**builder, "weights": None, "pretrained": False}}, False, "x")
+    path = doctored(genuine, "ddp", tmp_path, "model", {**builder, "weights": "IMAGENET1K_V1"})
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
+    with pytest.raises(SystemExit) as stopped:
+        eval_entry.main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert "model.weights=IMAGENET1K_V1 to model._target_=torchvision.models.resnet18: a download" in err
+
+
+def test_a_data_path_of_the_checkpoint_is_read_only_where_the_command_or_a_config_names_it(
+    genuine, tmp_path, in_process, monkeypatch, capsys
+) -> None:
+    """A checkpoint never picks what eval.py and predict read, cache, evict or fetch: a path of its data node
+    must be one the command gives (or a config file of the project holds); a download, the command's."""
+    shards = {"_target_": "{{cookiecutter.package_name}}.datasets.sharded", "root": str(tmp_path / "elsewhere"), "cache_dir": ""}
+    path = doctored(genuine, "ddp", tmp_path, "data.dataset", shards)
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
+    with pytest.raises(SystemExit) as stopped:
+        eval_entry.main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    said = f"gives data.dataset.root={tmp_path / 'elsewhere'} to data.dataset._target_={{cookiecutter.package_name}}.datasets.sharded"
+    assert said in err and "give it on the command line" in err, err
+    node = {"root": "/data/x", "dataset": {"_target_": "t", "root": "/data/x", "cache_dir": "/scratch/c"}}
+    with pytest.raises(ConfigError, match=r"gives data.root=/data/x to data.dataset._target_=t, a path"):
+        check_data_paths(node, set(), set(), "x")
+    with pytest.raises(ConfigError, match=r"gives data.dataset.cache_dir=/scratch/c to "):
+        check_data_paths(node, {"/data/x"}, {"data.root"}, "x")
+    check_data_paths(node, {"/data/x", "/scratch/c"}, {"data.root"}, "x")  # the command gave them
+    check_data_paths({"root": "data/cifar10", "dataset": {"_target_": "t", "root": "data/cifar10"}}, set(), set(), "x")
+    check_data_paths({"dataset": {"_target_": "t", "split": "train", "size": 3}}, set(), set(), "x")  # no path
+    with pytest.raises(ConfigError, match=r"gives data.dataset.download=True to data.dataset._target_=t: a download"):
+        check_data_paths({"dataset": {"_target_": "t", "download": True}}, set(), set(), "x")
+    check_data_paths({"dataset": {"_target_": "t", "download": True}}, set(), {"data.download"}, "x")
+
+
+def test_a_checkpoint_without_a_config_mapping_is_refused_in_one_line(
+    genuine, tmp_path, in_process, monkeypatch, capsys
+) -> None:
+    for value, said in ((None, "holds no config"), ("x", "holds a config that is a str, not a mapping")):
+        payload = torch.load(genuine["ddp"], weights_only=True)
+        payload.pop("config") if value is None else payload.update(config=value)
+        path = tmp_path / f"{value}.pt"
+        torch.save(payload, path)
+        monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
+        with pytest.raises(SystemExit) as stopped:
+            eval_entry.main()
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and err.count("\n") == 1 and said in err, err
+        with pytest.raises(SystemExit) as stopped:
+            export_main([str(path), str(tmp_path / "out.pt")])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and err.count("\n") == 1 and said in err, err
+    with pytest.raises(ConfigError, match="holds a config that is a str, not a mapping"):
+        read_weights(tmp_path / "x.pt")  # model.init_from; a file without a config is plain weights
+    assert "0.0.weight" in read_weights(tmp_path / "None.pt")
+
+
+def test_callbacks_and_a_task_the_command_gives_are_not_the_checkpoints_to_answer_for(
+    genuine, tmp_path, beside, in_process, monkeypatch, capsys
+) -> None:
+    """eval.py and the export build no callbacks, so judge none; a task the command names is the user's."""
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={genuine['ddp']}"])
+    eval_entry.main()
+    figures = capsys.readouterr().out
+    path = doctored(genuine, "ddp", tmp_path, "callbacks", {"mine": {"_target_": "payload_module.Payload"}})
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
+    eval_entry.main()
+    assert capsys.readouterr().out == figures
+    export_main([str(path), str(tmp_path / "out.pt")])
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'out.pt'}: weights at step 1")
+    payload = torch.load(path, weights_only=True)
+    payload["config"]["task"]["_target_"] = "payload_module.Payload"
+    torch.save(payload, path)
+    given = "task._target_={{cookiecutter.package_name}}.tasks.Classification"
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}", given])
+    eval_entry.main()
+    assert capsys.readouterr().out == figures and not (beside / "ran").exists()

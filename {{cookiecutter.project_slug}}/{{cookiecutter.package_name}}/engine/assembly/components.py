@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -138,10 +139,31 @@ def build_optimizer(config: Mapping[str, Any], model: nn.Module) -> torch.optim.
 
 def build_task(config: Mapping[str, Any]) -> Any:
     """The task: the loss of a batch and per-sample metrics (tasks.py has the built-in ones)."""
-    task = build(config, "task")
+    task = build(offered_only(config), "task")
     missing = [name for name in ("loss", "metrics") if not callable(getattr(task, name, None))]
     if missing:
         raise ConfigError(
             f"task._target_={config['_target_']} has no {' or '.join(missing)} method: see tasks.py for the interface"
         )
     return task
+
+
+# What the project's task configs offer the task beside its own arguments (task=language_model's token folder).
+OFFERED = ("vocab_from",)
+
+
+def offered_only(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's node without the offered keys its callable does not take: a task of your own under
+    task=language_model is built as it was before the offer."""
+    node = dict(config)
+    offered = [key for key in OFFERED if key in node]
+    if not offered:
+        return node
+    try:
+        parameters = inspect.signature(target_of(node, "task")).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): as configured
+        return node
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return node
+    names = {parameter.name for parameter in parameters}
+    return {key: value for key, value in node.items() if key not in offered or key in names}

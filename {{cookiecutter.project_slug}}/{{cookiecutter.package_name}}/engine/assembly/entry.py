@@ -41,7 +41,7 @@ from ...config import TrainConfig, compose_for_checkpoint, register_configs, to_
 from ...observe.hangs import keep_ddp_working_on_gloo
 from ...observe.logs import setup_logging
 from ..checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
-from ..checkpoint.trust import check_trusted
+from ..checkpoint.trust import check_data_paths, check_trusted, command_values, saved_config
 from ..checkpoint.weights import has_ema, load_weights
 from ..data.loader import build_data
 from ..distributed.process_group import distributed, process_env, tell_the_other_nodes
@@ -186,8 +186,8 @@ def checkpoint_config(
 ) -> tuple[Path, dict[str, Any], TrainConfig]:
     """What eval.py, predict.py and generate.py start from: the checkpoint `ckpt_path` names (`best`:
     keep_best's), its saved config checked by the trust rule before anything is built, then composed with
-    the user's overrides on the command's own yaml (`config_name`) and, with `components`, checked whole
-    (generate reads no data set)."""
+    the user's overrides on the command's own yaml (`config_name`) and, with `components`, checked whole,
+    the data set's paths included (generate reads no data set)."""
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise ConfigError("ckpt_path is required: give ckpt_path=<run>/checkpoints/step_<N>.pt (or step_<N>/, best)")
     path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
@@ -199,13 +199,15 @@ def checkpoint_config(
         payload = load_checkpoint(path)
     except NotACheckpoint as error:
         raise ConfigError(f"ckpt_path: {error}; give a checkpoints/step_<N>.pt of a run") from None
-    saved = payload.get("config", {})
+    saved = saved_config(payload)
     overrides = list(HydraConfig.get().overrides.task)
-    given = {item.split("=", 1)[0].lstrip("+~") for item in overrides}  # a group given whole is not saved's
-    used = {section: value for section, value in saved.items() if section not in given}
-    check_trusted(used, bool(cfg.get("trust_checkpoint")), "trust_checkpoint=true")  # the user's, not saved's
+    given = {item.split("=", 1)[0].lstrip("+~") for item in overrides}  # what the command gives is not saved's
+    trust = bool(cfg.get("trust_checkpoint"))  # the user's, not saved's
+    check_trusted(saved, trust, "trust_checkpoint=true", given)
     config = to_train_config(compose_for_checkpoint(saved, overrides, config_name))
     if components:
+        if not trust:  # the data set is built: what it reads, writes or fetches is the command's to say
+            check_data_paths(config.data.node, command_values(overrides), given, "trust_checkpoint=true")
         check_components(config)  # another task= or data= than the checkpoint's: one line, not a traceback
     return path, payload, config
 
@@ -232,6 +234,8 @@ def run_eval(cfg: DictConfig) -> None:
             data = build_data(config.data, env, config.seed)
             result = evaluate(model, data.val_loader, build_task(config.task), env.device)
             log.info("evaluated %s (step %d) on %d processes", path, payload["step"], env.world_size)
+            if (why := result.uncounted()) and env.is_main:  # a NaN figure: say why beside it
+                log.warning(why)
             if env.is_main:
                 print(result.line(), flush=True)
 

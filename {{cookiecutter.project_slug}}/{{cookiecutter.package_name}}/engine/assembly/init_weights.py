@@ -22,8 +22,8 @@ from torch import nn
 from ...common.errors import ConfigError
 from ...common.placement import DistEnv
 from ...common.storage import local_path
-from ..checkpoint.files import TRAINER_FILE, load_checkpoint
-from ..checkpoint.trust import check_trusted as check_config
+from ..checkpoint.files import TRAINER_FILE, NotACheckpoint, load_checkpoint
+from ..checkpoint.trust import check_trusted, saved_config
 from ..distributed.process_group import broadcast_bytes, is_distributed
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,8 @@ def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise ConfigError(f"model.init_from={path} does not load as tensors and plain values ({first})") from None
-    if isinstance(payload, dict) and isinstance(payload.get("config"), dict):  # a run's checkpoint
-        check_config(payload["config"], trust, "trust_checkpoint=true")
+    if isinstance(payload, dict) and "config" in payload and not trust:  # a run's checkpoint
+        check_trusted(saved_config(payload), trust, "trust_checkpoint=true")
     if isinstance(payload, dict) and isinstance(payload.get("model"), dict) and payload.get("ema"):
         payload = {"model": with_average(payload["model"], payload["ema"], path)}
     for key in ("model", "state_dict"):  # a run's checkpoint; a Lightning-style file
@@ -71,9 +71,12 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def check_folder_trusted(trainer_file: Path, trust: bool) -> None:
     """A folder of shards' config (in its trainer.pt) by the rule every checkpoint from elsewhere meets."""
-    if trainer_file.is_file():
-        config = load_checkpoint(trainer_file).get("config")
-        check_config(config if isinstance(config, dict) else {}, trust, "trust_checkpoint=true")
+    if trainer_file.is_file() and not trust:
+        try:
+            payload = load_checkpoint(trainer_file)
+        except NotACheckpoint as error:
+            raise ConfigError(f"model.init_from: {error}") from None
+        check_trusted(saved_config(payload), trust, "trust_checkpoint=true")
 
 
 def with_average(weights: dict[str, torch.Tensor], average: dict | None, path: Path) -> dict[str, torch.Tensor]:

@@ -1,16 +1,33 @@
-"""What a checkpoint from elsewhere may make this project run: nothing but what its own configs could name.
+"""What a checkpoint from elsewhere may make this project run: an allowlist, and no write, delete or fetch.
 
 A checkpoint holds the config it was trained with, and eval.py, the export, predict and generate build
 its model (and data set, task) from the `_target_`s in it. A doctored copy could name any callable, and
-building it would run that code, imported from wherever Python finds it (a folder shipped beside the
-checkpoint). So before anything is built, every `_target_` of a saved config must be one of:
+building it would run that code: a function of this very package (one that deletes a folder: a cache's
+eviction) as much as one imported from wherever Python finds it (a folder shipped beside the checkpoint).
+So before anything is built, every `_target_` of a saved config must be on the allowlist:
 - a `_target_` that one of this project's config files names (configs/**/*.yaml, the user's own files too);
-- a class or function of this package's own modules on the user's side (models, tasks, data sets,
-  augmentation; not the machinery below, which writes files and starts processes);
+- what the package registers as buildable, on purpose: the `BUILDABLE` tuple of models.py, tasks.py,
+  datasets/__init__.py, datasets/collate.py and callbacks.py (a model of your own in models.py: add it
+  there, or name it in a config file); anything else of the package is refused, a function added
+  tomorrow too, until it is registered;
 - a torch.nn module class, a torch.optim optimizer or scheduler class, a torchvision model builder.
-Anything else is refused in one line naming it and the opt-in, `trust_checkpoint=true` (Hugging Face's
-`trust_remote_code`): only for a checkpoint whose source you trust as you trust code you run.
-A name outside the project is refused by its text alone: nothing of it is imported to decide.
+Anything else is refused in one line naming the key, the target and the opt-in, `trust_checkpoint=true`
+(Hugging Face's `trust_remote_code`): only for a checkpoint whose source you trust as you trust code you
+run. A name outside the project is refused by its text alone: nothing of it is imported to decide.
+
+What is on the allowlist is then built with arguments that come from the checkpoint, and those never
+make a build write, delete or fetch:
+- a torchvision builder's `weights`, `weights_backbone`, `pretrained` or `pretrained_backbone` other
+  than null or false is a download: refused (the checkpoint's own weights are loaded over them anyway);
+- the data set (eval.py, predict build it; the export and generate do not, and model.init_from builds
+  nothing): every path the checkpoint's data node holds must be one this command or a config file of
+  the project names, by value. A path is a non-empty string whose key names one (root, dir, path,
+  folder, file, from, url, cache), or that holds a `/` or a `\\` or starts with `~` or `.`. So a
+  checkpoint trained on `data.root=/datasets/x` is read with `data.root=/datasets/x` given again: it
+  never chooses what this machine reads, caches, evicts or fetches. A true `download` is refused unless
+  the command gives it (`data.download=true`).
+What the command line gives (`task._target_=...`, `data.root=...`, a whole group `model=...`) is the
+user's and is not judged; nor are the callbacks, which nothing that reads a checkpoint builds.
 
 A saved config is written resolved (config/compose.py's to_plain_dict), so a `${...}` in one was put
 there by hand: resolving it would read this machine's environment (`${oc.env:AWS_SECRET_ACCESS_KEY}`) into
@@ -20,7 +37,7 @@ what is built or logged. It is refused by the same rule, and resolved only with 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import yaml
@@ -29,45 +46,120 @@ from ...common.errors import ConfigError
 from ...config import config_dir
 
 PACKAGE = __name__.split(".")[0]
-# The package's machinery: its modules write files, start processes or train; a saved config names none
-# of them unless this project's own config files do (its schedules do).
-# (The shared modules' names from before they moved into common/ are refused too: they are no modules now.)
-MACHINERY = ("engine", "launch", "observe", "config", "common", "train", "eval", "export", "predict", "generate",
-             "comm_check", "datasets.prepare", "datasets.tokenizer", "run_dir", "errors", "redaction", "processes",
-             "capacity", "placement", "storage")  # fmt: skip
+REGISTRIES = ("models", "tasks", "datasets", "datasets.collate", "callbacks")  # each one's BUILDABLE tuple
+NOT_BUILT = ("callbacks", "trust_checkpoint")  # what nothing that reads a checkpoint builds or obeys
+DOWNLOADS = ("weights", "weights_backbone", "pretrained", "pretrained_backbone")  # a torchvision builder's
+PATH_WORDS = ("root", "dir", "path", "folder", "file", "from", "url", "cache")
 
 
-def check_trusted(saved: Any, trust: bool, opt_in: str) -> None:
-    """Refuse, in one line naming it and `opt_in`, a saved config that names a `_target_` this project
-    could not name itself; nothing is imported of a name outside the project."""
+def saved_config(payload: Any) -> dict[str, Any]:
+    """The config a run's checkpoint was saved with, or one line: without one nothing can be built or judged."""
+    config = payload.get("config") if isinstance(payload, dict) else None
+    if not isinstance(config, dict):
+        what = "no config" if config is None else f"a config that is a {type(config).__name__}, not a mapping"
+        raise ConfigError(f"the checkpoint holds {what}: not a run's checkpoint of this project; give a run's "
+                          "checkpoints/step_<N>.pt or step_<N>/")  # fmt: skip
+    return config
+
+
+def check_trusted(saved: Any, trust: bool, opt_in: str, given: Collection[str] = ()) -> None:
+    """Refuse, in one line naming it and `opt_in`, a saved config that names a `_target_` off the allowlist,
+    or gives a torchvision builder weights to download; `given`: the dotted keys the user's command gave,
+    which are the user's. Nothing is imported of a name outside the project."""
     if trust:
         return
-    for key, text in interpolations(saved):
-        raise ConfigError(
-            f"the checkpoint's config holds an interpolation, {key}={text[:80]}: a saved config is written "
-            f"resolved, so this one was edited, and resolving it would read this machine's environment; load it "
-            f"only if you trust where it came from, with {opt_in}"
-        )
-    for key, target in targets(saved):
+    if not isinstance(saved, dict):
+        saved_config({"config": saved})
+    judged = {section: value for section, value in saved.items() if section not in NOT_BUILT}
+    for key, text in interpolations(judged):
+        if not is_given(key, given):
+            raise ConfigError(
+                f"the checkpoint's config holds an interpolation, {key}={text[:80]}: a saved config is written "
+                f"resolved, so this one was edited, and resolving it would read this machine's environment; load "
+                f"it only if you trust where it came from, with {opt_in}"
+            )
+    for key, node in nodes(judged):
+        target = node["_target_"] if isinstance(node["_target_"], str) else repr(node["_target_"])
+        if is_given(f"{key}._target_", given):
+            continue
         if not trusted(target):
             raise ConfigError(
-                f"the checkpoint's config names {key}._target_={target}, which no config of this project names: "
-                f"building it would run code from outside the project; load it only if you trust where it came "
-                f"from, with {opt_in}"
+                f"the checkpoint's config names {key}._target_={target}, which no config of this project names "
+                f"nor the package registers: building it would run code the project does not build; load it "
+                f"only if you trust where it came from, with {opt_in}"
+            )
+        for name in DOWNLOADS if target.startswith("torchvision.") else ():
+            if node.get(name) not in (None, False) and not is_given(f"{key}.{name}", given):
+                raise ConfigError(
+                    f"the checkpoint's config gives {key}.{name}={node[name]} to {key}._target_={target}: a "
+                    f"download, which a checkpoint's settings never start (its own weights are loaded over them); "
+                    f"give {key}.{name}=null, or {opt_in} if you trust where it came from"
+                )
+
+
+def check_data_paths(data: dict[str, Any], user_values: Collection[str], given: Collection[str], opt_in: str) -> None:
+    """Refuse a path of the data node (as composed from the checkpoint and the command) that neither the
+    command (`user_values`: the values it gives) nor a config file of the project names, and a true
+    `download` the command does not give (docstring above): the checkpoint never picks what is read,
+    written, evicted or fetched."""
+    target = data.get("dataset", {}).get("_target_") if isinstance(data.get("dataset"), dict) else None
+    for key, name, value in leaves(data, "data"):
+        if name == "download" and value and not (is_given(key, given) or f"data.{name}" in given):
+            raise ConfigError(
+                f"the checkpoint's config gives {key}={value} to data.dataset._target_={target}: a download, which "
+                f"a checkpoint's settings never start; give data.download=true yourself, or {opt_in} if you trust "
+                f"where it came from"
+            )
+        if is_path(name, value) and value not in user_values and value not in config_values():
+            raise ConfigError(
+                f"the checkpoint's config gives {key}={value[:120]} to data.dataset._target_={target}, a path that "
+                f"neither this command nor a config of this project names: a checkpoint never chooses what a data "
+                f"set reads, writes or fetches; give it on the command line ({key}={value[:60]}, or another path), "
+                f"or {opt_in} if you trust where it came from"
             )
 
 
-def targets(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
-    """(dotted key, target) for every `_target_` in a nested config, lists included (Hydra builds them all)."""
+def command_values(overrides: list[str]) -> set[str]:
+    """The strings a command's overrides give (`data.root=/x`: /x), as Hydra reads them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found: set[str] = set()
+    for item in OverridesParser.create().parse_overrides(overrides):
+        found.update(value for _, _, value in leaves(item.value(), "") if isinstance(value, str))
+    return found
+
+
+def nodes(node: Any, key: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """(dotted key, node) for every node with a `_target_` of a nested config, lists included (Hydra builds
+    them all), outer before inner: the order Hydra would import them."""
     if isinstance(node, dict):
+        if "_target_" in node:
+            yield key or "config", node
         for name, value in node.items():
-            if name == "_target_":
-                yield key or "config", value if isinstance(value, str) else repr(value)
-            else:
-                yield from targets(value, f"{key}.{name}" if key else str(name))
+            yield from nodes(value, f"{key}.{name}" if key else str(name))
     elif isinstance(node, list | tuple):
         for index, value in enumerate(node):
-            yield from targets(value, f"{key}[{index}]")
+            yield from nodes(value, f"{key}[{index}]")
+
+
+def targets(node: Any) -> Iterator[tuple[str, str]]:
+    """(dotted key, target) for every `_target_` in a nested config."""
+    for key, found in nodes(node):
+        yield key, found["_target_"] if isinstance(found["_target_"], str) else repr(found["_target_"])
+
+
+def leaves(node: Any, key: str, name: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(dotted key, the key's own name, value) for every value of a nested config but its `_target_`s; a
+    list's items under their list's name."""
+    if isinstance(node, dict):
+        for child, value in node.items():
+            if child != "_target_":
+                yield from leaves(value, f"{key}.{child}", str(child))
+    elif isinstance(node, list | tuple):
+        for index, value in enumerate(node):
+            yield from leaves(value, f"{key}[{index}]", name)
+    else:
+        yield key, name, node
 
 
 def interpolations(node: Any, key: str = "config") -> Iterator[tuple[str, str]]:
@@ -82,11 +174,25 @@ def interpolations(node: Any, key: str = "config") -> Iterator[tuple[str, str]]:
         yield key, node
 
 
+def is_given(key: str, given: Collection[str]) -> bool:
+    """Whether the command gave this key, or a group or node above it (`model=resnet18`, `data.dataset=`)."""
+    return any(key == name or key.startswith((f"{name}.", f"{name}[")) for name in given)
+
+
+def is_path(name: str, value: Any) -> bool:
+    if not isinstance(value, str) or not value:
+        return False
+    named = any(word in name.lower() for word in PATH_WORDS)
+    return named or any(mark in value for mark in "/\\") or value.startswith(("~", "."))
+
+
 def trusted(target: str) -> bool:
+    """Whether `target` is on the allowlist (docstring above)."""
     if target in config_targets():
         return True
     if target.startswith(f"{PACKAGE}."):
-        return own(target)
+        found = located(target)
+        return found is not None and any(found is allowed for allowed in package_allowlist())
     if target.startswith(("torch.nn.", "torch.optim.", "torchvision.models.")):
         return from_torch(target)
     return False
@@ -95,28 +201,36 @@ def trusted(target: str) -> bool:
 @functools.cache
 def config_targets() -> frozenset[str]:
     """Every `_target_` this project's config files name (what a user could have trained with)."""
-    found: set[str] = set()
-    for path in config_dir().rglob("*.yaml"):
+    return frozenset(target for document in config_documents() for _, target in targets(document))
+
+
+@functools.cache
+def config_values() -> frozenset[str]:
+    """Every string value of this project's config files (a path they name: data/cifar10)."""
+    return frozenset(value for document in config_documents() for _, _, value in leaves(document, "")
+                     if isinstance(value, str))  # fmt: skip
+
+
+def config_documents() -> list[Any]:
+    found = []
+    for path in sorted(config_dir().rglob("*.yaml")):
         try:
-            found.update(target for _, target in targets(yaml.safe_load(path.read_text())))
+            found.append(yaml.safe_load(path.read_text()))
         except (OSError, yaml.YAMLError):
             continue  # not ours to judge here: Hydra says so when it composes
-    return frozenset(found)
+    return found
 
 
-def own(target: str) -> bool:
-    """A name of this package: allowed where it is what a config file names (a module moved since keeps
-    its old name), or where it is defined on the user's side."""
-    found = located(target)
-    if found is None:
-        return False
-    if any(found is located(name) for name in config_targets() if name.startswith(f"{PACKAGE}.")):
-        return True
-    module = getattr(found, "__module__", "") or ""
-    inside = module.removeprefix(f"{PACKAGE}.")
-    return module.startswith(f"{PACKAGE}.") and not any(
-        inside == part or inside.startswith(f"{part}.") for part in MACHINERY
-    )
+@functools.cache
+def package_allowlist() -> tuple[Any, ...]:
+    """What of this package a checkpoint may build: each registry's BUILDABLE, and what the config files
+    name (found by what it is: a module moved since keeps its old name where the package keeps it)."""
+    import importlib
+
+    registered = [item for name in REGISTRIES
+                  for item in getattr(importlib.import_module(f"{PACKAGE}.{name}"), "BUILDABLE", ())]  # fmt: skip
+    named = [located(target) for target in config_targets() if target.startswith(f"{PACKAGE}.")]
+    return tuple(item for item in (*registered, *named) if item is not None)
 
 
 def from_torch(target: str) -> bool:
