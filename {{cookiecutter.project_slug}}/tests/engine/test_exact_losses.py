@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from {{cookiecutter.package_name}}.config import DDPConfig, FSDPConfig, TrainerConfig, to_train_config
 from {{cookiecutter.package_name}}.datasets.collate import pad_sequences, pad_windows
+from {{cookiecutter.package_name}}.engine.ema import EMA
 from {{cookiecutter.package_name}}.engine.strategies import Strategy, strategy_class
 from {{cookiecutter.package_name}}.engine.trainer import StepRunner
 from {{cookiecutter.package_name}}.models import GPT
@@ -79,13 +80,14 @@ def micro_batches(world_size: int, rank: int, accum: int) -> list[tuple[list[int
     return batches
 
 
-def one_step(env, kind: str, accum: int, strategy: str) -> list[torch.Tensor]:  # noqa: ANN001
-    """The weights' change in one SGD step (lr 1: minus the gradient) through the project's StepRunner."""
+def one_step(env, kind: str, accum: int, strategy: str, clip: float = 0.0, decay: float = 0.0) -> list[torch.Tensor]:  # noqa: ANN001
+    """The weights' change in one SGD step (lr 1: minus the gradient) through the project's StepRunner;
+    with `decay`, the change of the trainer's EMA of the weights after it too (appended)."""
     model, task, collate = case(kind)
     before = [p.detach().clone() for p in model.parameters()]
     config = TrainerConfig(
         epochs=1, log_every_n_steps=1, record_samples=False, precision="fp32", channels_last=False,
-        compile=False, grad_accum_steps=accum, clip_grad_norm=0.0,
+        compile=False, grad_accum_steps=accum, clip_grad_norm=clip,
     )  # fmt: skip
     fsdp = FSDPConfig(blocks=[], reshard_after_forward=True, cpu_offload=False)
     spread = strategy_class(strategy)(SimpleNamespace(ddp=DDP, fsdp=fsdp, trainer=config), env)
@@ -93,14 +95,23 @@ def one_step(env, kind: str, accum: int, strategy: str) -> list[torch.Tensor]:  
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     trained = spread.wrap(model, optimizer)
     runner = StepRunner(trained, optimizer, config, env.device, env.world_size, task, spread)  # type: ignore[arg-type]
+    ema = EMA(model, decay, start_step=0) if decay else None
     data = items(kind)
     batches = micro_batches(env.world_size, env.rank, accum)
     for number, (positions, weights) in enumerate(batches, 1):
         inputs, targets = collate([data[i] for i in positions])
         runner.micro_step(inputs, targets, torch.tensor(weights), len(LENGTHS), sync=number == len(batches))
     runner.optimizer_step()
-    after = [p.detach().full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+    after = [whole(p.detach()) for p in model.parameters()]
+    if ema is not None:
+        ema.update(1)
+        after += [whole(average) for average in ema.average]
+        before += before
     return [b - a for b, a in zip(before, after, strict=True)]
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def plain_gradient(kind: str, accum: int) -> list[torch.Tensor]:
@@ -179,3 +190,31 @@ def test_a_step_that_counted_no_items_takes_a_zero_finite_gradient_and_is_known_
     norm = runner.optimizer_step()
     assert total == 0 and norm == 0 and runner.step_count == 0 and runner.step_count.device == CPU.device
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+CLIP, DECAY = 0.3, 0.5  # the gradient's norm is 0.93: clipped to a third; the average half way
+
+
+def pair_loss_clipped_with_ema(env) -> list[torch.Tensor]:  # noqa: ANN001
+    return one_step(env, "tokens", 2, "fsdp", clip=CLIP, decay=DECAY)
+
+
+def test_a_pair_loss_under_fsdp_with_accumulation_clipping_and_ema_is_the_plain_computation() -> None:
+    """The (total, count) loss's gradient is rescaled to the global count before clipping: clipping then
+    sees the true gradient's norm, and the EMA averages the weights that step made (a rescale after the
+    clip, or the local count in place of the global one, moves every figure)."""
+    plain = plain_gradient("tokens", 2)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in plain]))
+    assert norm > 2 * CLIP, "clipping acts"
+    clipped = [g * (CLIP / (norm + 1e-6)) for g in plain]  # clip_grad_norm_'s coefficient
+    ranks = on_ranks(2, pair_loss_clipped_with_ema, timeout=180)
+    moved, averaged = ranks[0][: len(plain)], ranks[0][len(plain) :]
+    assert relative_error(moved, clipped) < 1e-4  # float32: the moves are weight differences; a wrong scale: > 0.1
+    assert relative_error(averaged, [(1 - DECAY) * g for g in clipped]) < 1e-4  # w0 + (1 - decay) * (w1 - w0)
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0], ranks[1], strict=True)), "every rank the same"
+
+
+def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """|got - want| / |want| over all the tensors at once (elementwise, the tiniest entries' rounding dominates)."""
+    flat_got, flat_want = torch.cat([g.flatten() for g in got]), torch.cat([w.flatten() for w in want])
+    return float(torch.linalg.vector_norm(flat_got - flat_want) / torch.linalg.vector_norm(flat_want))
