@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from .batches import global_batch_keys
 from .values import (
     BACKENDS,
     COMM_HOOKS,
@@ -35,13 +36,15 @@ class DataConfig:
     """The loader's keys of a configs/data/*.yaml file. Its `dataset` node's `_target_` returns
     the (train, val) pair; any other key of the file is there for that node to interpolate."""
 
-    batch_size: int  # per process
+    batch_size: int  # per process (derived from global_batch_size where that is set: config/batches.py)
     num_workers: int
     dataset: dict[str, Any]
     num_classes: int = 0  # classification: the model's outputs; 0 where the task has no classes
     augment: bool = False  # the project's random crop (padding 4) and flip of image tensors
     on_device: bool = False  # keep the training set on the GPU and augment batches there
     collate: dict[str, Any] | None = None  # _target_: the user's batching of items that do not stack
+    global_batch_size: int | None = None  # samples per optimizer step over every process, at any world size
+    micro_batch_size: int | None = None  # with global_batch_size: the most a process runs at once
     node: dict[str, Any] = field(default_factory=dict)  # the whole data node, as configured
 
     @classmethod
@@ -56,6 +59,7 @@ class DataConfig:
             augment=flag("data.augment", node.get("augment", False)),
             on_device=flag("data.on_device", node.get("on_device", False)),
             collate=collate_node(node.get("collate")),
+            **global_batch_keys(node),
             node=node,
         )
 
@@ -122,6 +126,7 @@ class TrainerConfig:
     profile_steps: str = MISSING
     memory_snapshot: bool = MISSING
     activation_checkpointing: bool = MISSING
+    skip_samples: Any = MISSING  # sample indices, or a nonfinite.jsonl's path (engine/nonfinite.py reads it)
     ema: EMAConfig = field(default_factory=EMAConfig)
 
     def check(self) -> None:
@@ -133,10 +138,7 @@ class TrainerConfig:
         require_positive("trainer.log_every_n_steps", self.log_every_n_steps)
         require_choice("trainer.precision", self.precision, PRECISIONS)
         require_positive("trainer.grad_accum_steps", self.grad_accum_steps)
-        require(
-            self.clip_grad_norm >= 0,
-            f"trainer.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}",
-        )
+        require(self.clip_grad_norm >= 0, f"trainer.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
         profiled = step_range("trainer.profile_steps", self.profile_steps)
         require(
             profiled is not None or not self.memory_snapshot,
@@ -161,10 +163,8 @@ class DDPConfig:
         require_positive("ddp.bucket_cap_mb", self.bucket_cap_mb)
         require_choice("ddp.comm_hook", self.comm_hook, COMM_HOOKS)
         require_positive("ddp.powersgd_rank", self.powersgd_rank)
-        require(
-            self.powersgd_start_iter >= 2,
-            f"ddp.powersgd_start_iter must be >= 2 (PowerSGD needs plain steps first), got {self.powersgd_start_iter}",
-        )
+        require(self.powersgd_start_iter >= 2, "ddp.powersgd_start_iter must be >= 2 (PowerSGD needs plain steps "
+                f"first), got {self.powersgd_start_iter}")  # fmt: skip
 
 
 @dataclass

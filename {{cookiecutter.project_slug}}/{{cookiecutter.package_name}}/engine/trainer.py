@@ -55,6 +55,7 @@ from .distributed.process_group import all_reduce_sum, weights_fingerprint
 from .ema import EMA, NoEMA
 from .evaluate import EvalResult, evaluate
 from .monitor import Monitor
+from .nonfinite import NonFiniteWatch, first_nonfinite, parameter_names
 from .preemption import StopOnSigterm
 from .schedule import Schedule
 from .state import TrainState, run_finished
@@ -90,6 +91,11 @@ class Trainer:
     validated_at: int = -1  # the step of the last validation in this process (none twice at a step)
     last_result: EvalResult | None = None  # that validation's figures
     grad_norms: torch.Tensor | None = None  # the sum of the interval's gradient norms, on the device
+    nonfinite: NonFiniteWatch = field(init=False)  # the first non-finite step's samples (nonfinite.py)
+
+    def __post_init__(self) -> None:
+        fp16 = self.config.trainer.precision == "fp16"  # its GradScaler skips non-finite gradients: no divergence
+        self.nonfinite = NonFiniteWatch(self.env.device, self.config.trainer.log_every_n_steps, not fp16)
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
@@ -175,11 +181,13 @@ class Trainer:
                 self.log_interval(interval, bar)
             epoch_done = state.samples_in_epoch >= sampler.dataset_size
             if val_every and state.step % val_every == 0 and not epoch_done:  # an epoch's end validates anyway
+                self.raise_if_diverged(interval)
                 started = time.perf_counter()
                 result = self.validation()
                 log.info("step %d: %s (validated in %.1f s)", state.step, result.line(), time.perf_counter() - started)
                 self.judge(result)
             if self.checkpoints.due(state.step, epoch_done=epoch_done):
+                self.raise_if_diverged(interval)  # before the weights: a checkpoint of non-finite ones is refused
                 self.save()
             if self.monitor.stopped or state.step == max_steps:  # the same step on every rank
                 break  # (a stop signal now changes nothing: the run saves and ends)
@@ -201,7 +209,9 @@ class Trainer:
         if self.callbacks.step_start:
             self.callbacks.fire("on_step_start")
         interval.lr = self.optimizer.param_groups[0]["lr"]
+        seen = []  # the step's samples, on the host: named where the step turns out non-finite (nonfinite.py)
         for number, batch in enumerate(step.micro_batches, 1):
+            seen.append((batch.indices, batch.weights))
             if self.throughput.tokens_per_sample is None:  # once: the language model's sequence length
                 self.throughput.count_tokens(self.task, batch.targets, self.model)
             interval.loss_sum += self.runner.micro_step(
@@ -220,6 +230,8 @@ class Trainer:
         if self.grad_norms is None:
             self.grad_norms = torch.zeros((), device=grad_norm.device)
         self.grad_norms += grad_norm
+        self.nonfinite.note(state.step + 1, seen, self.runner.grad_positions)
+        self.nonfinite.after_step(interval.loss_sum, self.grad_norms)
         self.schedule.after_step()
         self.ema.update(state.step + 1)
         self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
@@ -234,13 +246,31 @@ class Trainer:
         """Move on to the next epoch (its order starts from the beginning)."""
         self.state.epoch, self.state.samples_in_epoch = self.state.epoch + 1, 0
 
-    def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
+    def interval_sums(self, interval: Interval) -> list[float]:
         # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
         # norm (the same on every rank) and the items of a (total, count) loss with it, on the loss's
         # device (fsdp.cpu_offload's is the CPU); the empty steps (the same on every rank) after it.
         grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
         figures = [interval.loss_sum, grad_norms.to(interval.loss_sum), interval.items.to(interval.loss_sum)]
         sums = torch.cat([all_reduce_sum(torch.stack(figures)), interval.empty.to(interval.loss_sum)[None]]).tolist()
+        if self.nonfinite.diverged(sums[0], sums[1]):  # the same sums on every rank: all stop at this step
+            if not self.nonfinite.enabled:
+                raise JobError(f"training diverged by step {self.state.step}: the loss is {sums[0]}; lower optim.lr or "
+                               "set trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite "
+                               "weights)")  # fmt: skip
+            first_step, names = self.state.step - interval.steps + 1, parameter_names(self.model, self.runner.params)
+            raise self.nonfinite.stop(self.env, self.run_dir, first_step, self.state.epoch,
+                                      int(self.runner.bad_parameter), names)  # fmt: skip
+        return sums
+
+    def raise_if_diverged(self, interval: Interval) -> None:
+        """Between log lines, before a checkpoint or a validation (which would meet non-finite weights):
+        the log line's check of the steps so far, one all-reduce."""
+        if interval.steps:
+            self.interval_sums(interval)
+
+    def log_interval(self, interval: Interval, progress_bar: Any = None) -> None:
+        sums = self.interval_sums(interval)
         elapsed = time.perf_counter() - interval.started
         # Per sample: the mean of the steps' losses; pairs: all the interval's totals over all its items
         # (none counted: no loss to say, NaN, and not a divergence: the weights took no gradient).
@@ -253,11 +283,6 @@ class Trainer:
             log.warning("step %d: train_loss is NaN: the %d step%s since the last log line counted no items (every "
                         "target masked?) and took no gradient", self.state.step, interval.steps,
                         "s" * (interval.steps > 1))  # fmt: skip
-        if not math.isfinite(train_loss) and not uncounted:  # the same sum on every rank: all stop at this step
-            raise JobError(
-                f"training diverged by step {self.state.step}: the loss is {train_loss}; lower optim.lr or set "
-                f"trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite weights)"
-            )
         values = {
             "step": self.state.step,
             "epoch": self.state.epoch,
@@ -279,6 +304,7 @@ class Trainer:
                 step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
             )
         interval.reset()
+        self.nonfinite.reset()
         if self.grad_norms is not None:
             self.grad_norms.zero_()
 
@@ -366,6 +392,10 @@ class StepRunner:
         # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.items: torch.Tensor | None = None  # a (total, count) loss: the step's local count so far
+        # The first non-finite gradient, from the first step with one on (-1: none yet), on the device; fp16's
+        # GradScaler skips such steps as a matter of course. Its place among the step's gradients: grad_positions.
+        self.watch_gradients, self.bad_parameter = config.precision != "fp16", torch.full((), -1, device=device)
+        self.grad_positions: list[int] | None = None  # the parameters of the last step's gradients (None: all)
         self.step_count: torch.Tensor | None = None  # and the last step's global count, on the device
 
     def micro_step(
@@ -428,6 +458,8 @@ class StepRunner:
             self.scaler.unscale_(self.optimizer)
         if self.items is not None:  # a (total, count) loss: the global count is known now
             self.rescale()
+        if self.watch_gradients:  # before clipping, which spreads one NaN to every gradient
+            self.note_gradients()
         if self.clip_grad_norm > 0:
             norm = nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         else:  # the same norm clipping computes (frozen parameters have no gradient: left out)
@@ -439,6 +471,16 @@ class StepRunner:
         self.optimizer.zero_grad(set_to_none=True)
         self.strategy.after_step()
         return norm.detach()
+
+    def note_gradients(self) -> None:
+        """Keep, on the device, which gradient first held a NaN or an inf (bad_parameter): the max-norm of
+        each, one foreach call a step (the measured cost: docs/troubleshooting.md)."""
+        positions = [i for i, param in enumerate(self.params) if param.grad is not None]
+        self.grad_positions = None if len(positions) == len(self.params) else positions
+        grads = [self.params[i].grad for i in positions]
+        if grads:
+            found = first_nonfinite([g.to_local() if is_sharded(g) else g for g in grads], self.device)  # type: ignore
+            self.bad_parameter = torch.where(self.bad_parameter < 0, found, self.bad_parameter)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is None:

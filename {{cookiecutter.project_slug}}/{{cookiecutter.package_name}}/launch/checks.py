@@ -56,9 +56,22 @@ def checked_config(overrides: list[str], launch: Launch):  # noqa: ANN201 (a Tra
         config = to_train_config(cfg)
         gpus = launch.gpus if launch.gpus is not None else visible_gpu_count()
         choose_backend(config.dist.backend, gpus, launch.nproc, mpi_available=True)  # MPI: the workers know
+        check_global_batch(config, launch)
     except ConfigError as error:
         raise LaunchError(str(error)) from None
     return cfg, config
+
+
+def check_global_batch(config, launch: Launch) -> None:  # noqa: ANN001 (a TrainConfig)
+    """data.global_batch_size must split evenly among the job's processes, at every world size it may run
+    at (NNODES=MIN:MAX: each number of nodes): one line now, not a refusal in every worker."""
+    from ..config.batches import split_global_batch
+
+    if config.data.global_batch_size is None:
+        return
+    low, _, high = (launch.values.get("NNODES") or "1").partition(":") if launch.mode == "multi" else ("1", "", "")
+    for nodes in range(int(low), int(high or low) + 1):
+        split_global_batch(config.data.global_batch_size, config.data.micro_batch_size, nodes * launch.nproc)
 
 
 def check_comm_config(overrides: list[str], launch: Launch) -> None:

@@ -39,6 +39,13 @@ def test_safe_changes_are_allowed_and_listed() -> None:
     assert moved == ["data.cache_dir: '' -> '/scratch/cache'", "data.cache_limit_gb: 10 -> 2"]
 
 
+def test_a_global_batch_set_or_changed_on_resume_is_allowed_and_listed_as_a_batch_size_change_is() -> None:
+    """A resume counts the epoch's samples done, not its steps: batched otherwise, none is repeated or skipped."""
+    changes = resume(plain("data.global_batch_size=24"), plain("data.global_batch_size=48", "data.micro_batch_size=8"))
+    assert changes == ["data.global_batch_size: 24 -> 48", "data.micro_batch_size: None -> 8"]
+    assert resume(plain(), plain("data.global_batch_size=48")) == ["data.global_batch_size: None -> 48"]
+
+
 @pytest.mark.parametrize(
     ("override", "named"),
     [

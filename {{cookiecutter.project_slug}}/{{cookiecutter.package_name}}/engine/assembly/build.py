@@ -14,6 +14,7 @@ from torch import nn
 from ...common.placement import DistEnv
 from ...common.run_dir import LOGS_DIR, METRICS_FILE
 from ...config import TrainConfig, to_plain_dict
+from ...config.batches import apply_global_batch
 from ...models import count_parameters
 from ...observe.hangs import build_stall_watch
 from ...observe.logs import MetricsLog
@@ -27,6 +28,7 @@ from ..distributed.generators import RankGenerators
 from ..ema import EMA, NoEMA
 from ..evaluate import metric_names
 from ..monitor import Monitor
+from ..nonfinite import skip_samples
 from ..schedule import RunLength, Schedule
 from ..state import TrainState
 from ..strategies import Strategy, build_strategy
@@ -98,9 +100,11 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     """Everything the loop needs, resumed from a checkpoint when there is one."""
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
+    apply_global_batch(config, env.world_size)  # data.global_batch_size: the batch and accumulation of this world
     callbacks = build_callbacks(config.callbacks)  # first: a wrong _target_ is said before any work
     allow_frozen_parameters(config, callbacks)
     data = build_data(config.data, env, config.seed)
+    skip_samples(config.trainer.skip_samples, data.sampler, env.is_main)  # before the schedule counts the steps
     task = build_task(config.task)
     strategy = build_strategy(config, env)
     folder = local_folder(run_dir, config.checkpoint)  # checkpoint.dir, or the run dir's checkpoints/
@@ -114,9 +118,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         monitor.check_names(metric_names(model, data.val_loader, task, env.device))
     ema = build_ema(config, model)
     log.info(
-        "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per step",
-        config.model["_target_"], count_parameters(model), env.device, env.backend, env.world_size,
-        config.data.batch_size,
+        "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per micro-batch, "
+        "%d micro-batches per step", config.model["_target_"], count_parameters(model), env.device, env.backend,
+        env.world_size, config.data.batch_size, config.trainer.grad_accum_steps,
     )  # fmt: skip
     # The compiled module shares the model's parameters; checkpoints keep the plain model's names.
     trained = strategy.wrap(torch.compile(model) if config.trainer.compile else model, optimizer)

@@ -2,7 +2,7 @@
 worker and every restart: the config, the backend for this many processes and GPUs, what the strategy
 and the sinks need, the model, data sets, optimizer and task (built, and one batch run through them),
 room on disk for checkpoints, the checkpoint the run dir would resume from, and room in memory for
-this node's processes. Nothing is written.
+this node's processes, and a data.global_batch_size this world size divides. Nothing is written.
 
 A worker runs them as it starts, before the process group forms (engine/assembly/entry.py): under the
 launcher only each node's local rank 0, whose failure the launcher says in one line and stops the
@@ -24,6 +24,7 @@ from ...common.errors import ConfigError, JobError, first_line
 from ...common.placement import BackendChoice, DistEnv
 from ...common.run_dir import OUTPUT_ROOT
 from ...config import TrainConfig, to_plain_dict
+from ...config.batches import apply_global_batch
 from ...datasets.collate import model_forward
 from ...datasets.randomness import building_sample
 from ...observe.sinks import check_sinks
@@ -40,6 +41,7 @@ def check_launch(
 ) -> torch.nn.Module:
     """Every check above, for a job of `env`'s shape on this node's devices; the model, as built.
     `plain`: the config as to_plain_dict gives it, where the caller has it already."""
+    apply_global_batch(config, env.world_size)  # a global batch this world size does not divide: one line
     build_strategy(config, env).check(choice.use_cuda)
     check_sinks(config.log)
     model = check_components(config)

@@ -10,7 +10,9 @@ promise, and are refused in one line that names the keys and says how to go on:
 - the model (`model.*`): the saved weights would not fit it, or not mean the same;
 - the optimizer class (`optim._target_`): the saved optimizer state is another optimizer's;
 - what an epoch holds and its order: the seed and the data set (`seed`, `data.*` but the loader's
-  batch_size, num_workers and on_device): mid-epoch, samples would be repeated or never seen. Data
+  batch_size, global_batch_size, micro_batch_size, num_workers and on_device): mid-epoch, samples would be
+  repeated or never seen. A resume counts the samples of the epoch done, not the steps, so it may batch them
+  otherwise; and with data.global_batch_size set, the world size changes neither the steps nor their samples. Data
   prepared again under the same `data.root` (data=tokens, data=shards) is such a change too: a
   checkpoint records the data's id (SamePreparedData).
 `checkpoint.allow_changes` lists the keys (or a prefix of them, `data`) a user accepts changing
@@ -36,7 +38,8 @@ from ..state import run_finished
 
 REFUSED = ("model", "optim._target_", "seed", "data")
 # The same samples, batched otherwise or cached elsewhere (data=shards' local cache of a store's shards).
-LOADER_KEYS = ("data.batch_size", "data.num_workers", "data.on_device", "data.cache_dir", "data.cache_limit_gb")
+LOADER_KEYS = ("data.batch_size", "data.global_batch_size", "data.micro_batch_size", "data.num_workers",
+               "data.on_device", "data.cache_dir", "data.cache_limit_gb")  # fmt: skip
 # What a finished run may be relaunched with, changed, without anything being silently ignored.
 # model.init_from: only a new run reads it (init_weights.py), so a resume never refuses it; nor the trust
 # it is read with (trust_checkpoint).

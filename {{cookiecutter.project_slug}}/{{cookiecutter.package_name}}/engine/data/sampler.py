@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +39,8 @@ class ResumableDistributedSampler(DistributedSampler):
     order (`shard_order`): still one permutation of (seed, epoch) alone, so all of the above holds.
     """
 
+    skipped: tuple[int, ...] = ()  # the samples no epoch holds (skip), in index order
+
     def __init__(
         self,
         dataset_size: int,
@@ -65,7 +67,19 @@ class ResumableDistributedSampler(DistributedSampler):
 
     @property
     def global_batch_size(self) -> int:
+        """One micro-batch of every rank: an optimizer step takes trainer.grad_accum_steps of them in a row,
+        data.global_batch_size samples where that is set (config/batches.py), at any world size."""
         return self.num_replicas * self.batch_size
+
+    def skip(self, indices: Iterable[int]) -> None:
+        """Leave these samples out of every epoch's order (trainer.skip_samples), before the order is split
+        into global batches: the same global batches, less them, at any world size. From then on
+        `dataset_size` (what set_start, the step counts and an epoch's end go by) is what an epoch trains on."""
+        whole = self.dataset_size + len(self.skipped)
+        skipped = tuple(sorted(set(indices)))
+        if skipped and not 0 <= skipped[0] <= skipped[-1] < whole:
+            raise ValueError(f"samples to skip must be indices of the training set (0 to {whole - 1}): {skipped}")
+        self.skipped, self.dataset_size = skipped, whole - len(skipped)
 
     def set_start(self, samples_done: int) -> None:
         """Skip the first `samples_done` samples of the epoch's order (those already trained on)."""
@@ -76,8 +90,10 @@ class ResumableDistributedSampler(DistributedSampler):
         e+1 shares no order with seed s+1 in epoch e."""
         generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, ORDER_KEY) & (MASK64 >> 1))
         if self.shard_sizes:
-            return shard_order(self.shard_sizes, self.shard_window, generator)
-        return torch.randperm(self.dataset_size, generator=generator)
+            order = shard_order(self.shard_sizes, self.shard_window, generator)
+        else:  # drawn over the whole set: the samples left in keep their places relative to each other
+            order = torch.randperm(self.dataset_size + len(self.skipped), generator=generator)
+        return order[~torch.isin(order, torch.tensor(self.skipped, dtype=order.dtype))] if self.skipped else order
 
     def steps_left(self) -> int:
         return math.ceil((self.dataset_size - self.start) / self.global_batch_size)
