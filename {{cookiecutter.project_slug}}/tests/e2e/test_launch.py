@@ -47,6 +47,31 @@ def test_gpus_key_gives_one_process_per_gpu_and_reaches_it_as_cuda_visible_devic
     assert seen == [{"RANK": "0", "WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": "3"}], output.out
 
 
+# A worker forked from the agent (launch/forked.py) has what a new interpreter would have had.
+@pytest.mark.slow
+def test_a_forked_worker_has_what_a_new_interpreter_would(monkeypatch, capfd) -> None:
+    monkeypatch.chdir(PROJECT_DIR)  # the probe runs as the module tests.e2e.worker_start_probe
+    monkeypatch.setenv("PROBE_EXIT_CODE", "3")  # and its exit code reaches torchrun's summary
+    seen = {}
+    for start in ("exec", "fork"):
+        monkeypatch.setenv("WORKER_START", start)
+        launch = plan("single", parse_args(["NPROC_PER_NODE=2", "MAX_RESTARTS=0"], "single"), dict(os.environ), {})
+        forwarder = Forwarder()
+        try:
+            code = torchrun(launch, "tests.e2e.worker_start_probe", ["a=1", "b c"], forwarder)
+        finally:
+            forwarder.close()
+        output = capfd.readouterr()
+        assert code == 1 and "exitcode  : 3" in output.err, output.out + output.err[-3000:]
+        seen[start] = sorted(output.out.splitlines(), key=lambda line: json.loads(line)["rank"])
+    assert seen["fork"] == seen["exec"]
+    assert json.loads(seen["fork"][0]) == {
+        "argv": ["worker_start_probe.py", "a=1", "b c"], "name": "__main__", "session_leader": True,
+        "open_fds": [0, 1, 2, 3], "handlers": {"SIGTERM": "SIG_DFL", "SIGHUP": "SIG_DFL",
+        "SIGINT": "<built-in function default_int_handler>"}, "threads": 1, "rank": "0", "unbuffered": True,
+    }  # fmt: skip
+
+
 def outputs_snapshot() -> set[Path]:
     root = PROJECT_DIR / "outputs"
     return set(root.iterdir()) if root.exists() else set()
@@ -158,6 +183,19 @@ def test_a_real_bug_is_named_by_rank_with_its_traceback(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert re.search(r"rank\s*:\s*1 ", output) and "RuntimeError: bug in the model on rank 1" in output, output[-3000:]
     assert 'raise RuntimeError("bug' in output or "raise RuntimeError('bug" in output, "the traceback, not only a line"
+
+    # A callback that raises on one rank only: the job ends (the other rank is not left waiting in its next
+    # collective), with the one line that names the callback, and no traceback of it.
+    (project / "on_one_rank.py").write_text(
+        "class Fails:\n    def on_step_end(self, run):\n        if run.rank == 1 and run.step == 2:\n"
+        "            raise ValueError('rank 1 cannot take step 2')\n"
+    )
+    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", "MAX_RESTARTS=0", f"RUN_DIR={tmp_path / 'cb'}",
+                *JOB, "+callbacks.fails._target_=on_one_rank.Fails"], cwd=project, expect_ok=False)  # fmt: skip
+    output = proc.stdout + proc.stderr
+    line = "callbacks.fails.on_step_end raised ValueError: rank 1 cannot take step 2: fix it or remove it"
+    assert proc.returncode != 0 and line in output, output[-3000:]
+    assert "raise ValueError" not in output, "one line, not the callback's traceback"
 
 
 @pytest.mark.slow

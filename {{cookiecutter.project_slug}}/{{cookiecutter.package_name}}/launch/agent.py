@@ -24,6 +24,7 @@ from torch.distributed.run import parse_args, run
 
 from ..common.processes import exit_now
 from ..common.run_dir import STORE_ADDRESS_ENV
+from .forked import fork_workers
 
 STORE_ARGUMENTS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
                    "master_listen_fd", "use_libuv")  # fmt: skip
@@ -58,6 +59,7 @@ def bind_stores(address: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     if address := os.environ.get(STORE_ADDRESS_ENV):
         bind_stores(address)
+    fork_workers()
     try:
         run(parse_args(sys.argv[1:] if argv is None else argv))
     except SignalException as stop:
