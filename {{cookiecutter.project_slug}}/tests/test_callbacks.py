@@ -95,7 +95,7 @@ def test_a_figure_every_k_steps_and_a_second_validation_set_reach_metrics_jsonl(
     figures = run.callbacks.run.evaluate(synthetic_images(num_classes=10, image_size=32, train_size=8, val_size=8,
                                                           seed=1)[1])  # fmt: skip
     logged = {(r["step"], name): value for r in records for name, value in r.items() if name.startswith("other/")}
-    assert logged == {(2, "other/loss"): figures["loss"], (2, "other/acc"): figures["acc"]}
+    assert logged == {(2, f"other/{name}"): figures[name] for name in ("loss", "acc", "macro_f1")}
     assert figures["loss"] != val[2]["val_loss"], "the other set's figures, not the validation set's"
 
 

@@ -19,7 +19,8 @@ from {{cookiecutter.package_name}}.export import export
 from .helpers import compose_config, cpu_env
 
 FIXTURE = Path(__file__).parent / "fixtures" / "before_the_move" / "step_00000003.pt"
-LOGGED = "val_loss=2.333003 val_acc=0.062500 val_samples=16"  # its run's last validation (metrics.jsonl)
+# Its run's last validation (metrics.jsonl), and val_macro_f1, a figure added since (of the same predictions).
+LOGGED = "val_loss=2.333003 val_acc=0.062500 val_macro_f1=0.013072 val_samples=16"
 RUN = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=48", "data.val_size=16",
        "data.batch_size=16", "data.image_size=8"]  # fmt: skip
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")

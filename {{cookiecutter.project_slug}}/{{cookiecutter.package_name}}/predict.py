@@ -12,12 +12,10 @@ varies (windows of different lengths, data.collate=pad_windows) are padded to th
 from __future__ import annotations
 
 import glob
-import io
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import hydra
 import torch
@@ -36,7 +34,13 @@ from .engine.assembly.components import build_datasets, build_task
 from .engine.assembly.entry import checkpoint_config, checkpoint_model, prepare, record, reporting_user_errors
 from .engine.checkpoint.files import TMP_PREFIX, write_atomically
 from .engine.data.loader import KeyedDataset, loader_options
-from .engine.distributed.process_group import all_gather_bytes, all_gather_int, distributed, process_env
+from .engine.distributed.process_group import (
+    all_gather_bytes,
+    all_gather_int,
+    all_gather_tensors,
+    distributed,
+    process_env,
+)
 from .observe.logs import setup_logging
 from .tasks import IGNORE, Task
 
@@ -105,10 +109,9 @@ def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out
     except ConfigError as error:  # said by every rank, also one with no batch, which would wait in the gather
         refused = str(error)
     refuse_on_every_rank(refused, env)
-    pieces = all_gather_bytes(to_bytes(piece), env.device)
+    pieces = all_gather_tensors(piece, env.device, keep=env.is_main)
     if env.is_main:
-        whole = [torch.load(io.BytesIO(piece), weights_only=True) for piece in pieces]
-        whole = [piece for piece in whole if len(piece["indices"])]  # a rank with no batch sends nothing
+        whole = [piece for piece in pieces if len(piece["indices"])]  # a rank with no batch sends nothing
         # The shards are contiguous and in rank order: joined so, the samples are in index order.
         indices = torch.cat([piece["indices"] for piece in whole])
         outputs, lengths = joined([piece["outputs"] for piece in whole], [piece["lengths"] for piece in whole])
@@ -242,12 +245,6 @@ def joined(outputs: list[torch.Tensor], lengths: list[torch.Tensor | None]) -> t
 def fill_value(output: torch.Tensor) -> float | int:
     """What pads a position that is no sample's: NaN for floats, IGNORE for integers (ids, classes)."""
     return float("nan") if output.is_floating_point() else IGNORE
-
-
-def to_bytes(value: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ def test_event_files_hold_the_training_and_validation_scalars(tmp_path) -> None:
         "train/peak_memory_mb",
         "val/loss",
         "val/acc",
+        "val/macro_f1",
     }
     assert [e.step for e in events.Scalars("val/acc")] == [8, 16]
     assert 0 <= events.Scalars("val/acc")[-1].value <= 1

@@ -3,6 +3,7 @@ the trainer's validation under fsdp, whose forwards are collectives, on two rank
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -13,9 +14,11 @@ from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.config import DataConfig, to_train_config
 from {{cookiecutter.package_name}}.datasets.collate import model_forward, pad_windows
-from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer, prepare_model
+from {{cookiecutter.package_name}}.engine.assembly.components import build_model
 from {{cookiecutter.package_name}}.engine.data.loader import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate, summed
+from {{cookiecutter.package_name}}.engine.strategies import build_strategy
 from {{cookiecutter.package_name}}.models import GPT
 from {{cookiecutter.package_name}}.tasks import IGNORE, Classification, LanguageModel
 
@@ -47,7 +50,7 @@ def test_the_figures_are_means_over_exactly_every_sample_of_the_set() -> None:
     correct = int((logits.argmax(dim=1) == labels).sum())
     result = evaluate(model, loader, Classification(), CPU)
     assert result.samples == 23, "every sample once: no padding, the short last batch counted"
-    assert list(result.metrics) == ["loss", "acc"]
+    assert list(result.metrics) == ["loss", "acc", "macro_f1"], "the per-sample figures first, then the epoch's"
     assert result.metrics["loss"] == pytest.approx(expected_loss, rel=1e-6)
     assert result.metrics["acc"] == correct / 23
     assert model.training, "the model is put back in the mode it was in"
@@ -60,7 +63,8 @@ def test_the_shards_of_any_world_size_add_up_to_the_one_process_figures(world_si
     whole = evaluate(model, val_loaders(1)[0], Classification(), CPU)
     shards = [evaluate(model, loader, Classification(), CPU) for loader in val_loaders(world_size)]
     assert sum(shard.samples for shard in shards) == whole.samples == 23
-    for name, value in whole.metrics.items():
+    for name in ("loss", "acc"):  # (macro_f1 is no mean over the samples)
+        value = whole.metrics[name]
         total = sum(shard.metrics[name] * shard.samples for shard in shards)
         # rel 1e-6, not 0: a sample's float32 loss may differ in its last bits in a batch of another size.
         assert total / whole.samples == pytest.approx(value, rel=1e-6), name
@@ -87,7 +91,7 @@ def test_a_rank_without_samples_still_reports_the_metric_names() -> None:
     loaders = val_loaders(3, val_size=2)
     empty = next(loader for loader in loaders if len(loader.dataset) == 0)
     result = evaluate(small_model(), empty, Classification(), CPU)
-    assert list(result.metrics) == ["loss", "acc"] and result.samples == 0
+    assert list(result.metrics) == ["loss", "acc", "macro_f1"] and result.samples == 0
     assert all(math.isnan(value) for value in result.metrics.values()), "alone, it counted nothing: not a 0"
 
 
@@ -136,7 +140,7 @@ def test_a_tasks_summarise_turns_the_sums_over_the_whole_set_into_its_figures_at
     with torch.no_grad():
         batches = [WeightedLoss().metrics(model_forward(model, x), y) for x, y, *_ in loader]
     weighted, weights = (torch.cat([batch[name] for batch in batches]) for name in ("weighted", "weights"))
-    assert one.metrics == {"loss": pytest.approx((weighted.sum() / weights.sum()).item())}
+    assert one.metrics["loss"] == pytest.approx((weighted.sum() / weights.sum()).item())
     two = on_ranks(2, evaluate_weighted)
     assert two[0] == two[1] and two[0].metrics == pytest.approx(one.metrics, rel=1e-9)
 
@@ -207,3 +211,88 @@ def test_a_validation_that_counted_no_items_is_nan_and_says_why() -> None:
         "is never ranked best nor counted as an improvement"
     )
     assert EvalResult({"loss": 0.5}, 3).uncounted() == ""
+
+
+# --- epoch-level metrics: the whole set's outputs, gathered in sample order, and exact counts
+
+
+class Scored(Classification):
+    """Classification's figures (its macro-F1 from the counted confusion matrix) and, from the gathered
+    probabilities, the AUROC of class 0 against the others and the macro-F1 of their argmax; `gathered`: how
+    many samples came; `order`, their labels as gathered. (In plain torch: scikit-learn takes seconds to
+    import in each rank's process.)"""
+
+    def epoch_outputs(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"probs": logits.double().softmax(dim=1), "labels": labels}
+
+    def epoch_metrics(self, epoch: dict[str, torch.Tensor]) -> dict[str, object]:
+        probs, labels = epoch["probs"], epoch["labels"]
+        scores, positive = probs[:, 0], labels == 0
+        above = scores[positive][:, None] - scores[~positive][None, :]  # Mann-Whitney: ties count a half
+        predicted = probs.argmax(dim=1)
+        f1 = [2 * ((predicted == c) & (labels == c)).sum().double() / ((predicted == c).sum() + (labels == c).sum())
+              for c in range(probs.shape[1]) if (predicted == c).any() or (labels == c).any()]  # fmt: skip
+        return {**super().epoch_metrics(epoch), "gathered": float(len(labels)), "order": labels,
+                "auroc": ((above > 0).double() + 0.5 * (above == 0).double()).mean().item(),
+                "f1": torch.stack(f1).double().mean().item()}  # fmt: skip
+
+
+# 3 classes: the untrained model's predictions vary (of 10 it predicts one class only)
+SCORED = [*SMALL, "data.num_classes=3", "data.train_size=16", "data.val_size=25", "data.batch_size=4"]
+
+
+def scored_validation(env, strategy: str) -> EvalResult:  # noqa: ANN001
+    """The validation as the trainer runs it under `strategy` (its model as the strategy holds it; fsdp in lock
+    step). 25 samples in batches of 4: shards of 12 and 13 (3 and 4 batches), or 8, 8 and 9 (2, 2 and 3): fsdp
+    runs filler forwards on the shorter ones, whose outputs must not be gathered. (No whole trainer: its
+    optimizer imports torch._dynamo, seconds in each rank's process.)"""
+    config = to_train_config(compose_config([*SCORED, f"strategy={strategy}"]))
+    torch.manual_seed(config.seed)
+    strategy = build_strategy(config, env)
+    model, data = prepare_model(config, env, strategy), build_data(config.data, env, config.seed)
+    return evaluate(model, data.val_loader, Scored(), env.device, lockstep=strategy.lockstep_evaluation)
+
+
+def whole_set_figures() -> dict[str, object]:
+    """scikit-learn's figures over the whole validation set, from one process's plain forward of the same model."""
+    from sklearn.metrics import confusion_matrix, f1_score, roc_auc_score
+
+    config = to_train_config(compose_config([*SCORED, "data.batch_size=25"]))
+    torch.manual_seed(config.seed)
+    model = build_model(config.model).eval()
+    ((images, labels, *_),) = list(build_data(config.data, cpu_env(0, 1), config.seed).val_loader)
+    with torch.no_grad():
+        probs = model(images).double().softmax(dim=1).numpy()
+    labels = labels.numpy()
+    f1 = f1_score(labels, probs.argmax(axis=1), average="macro")
+    return {"auroc": roc_auc_score(labels == 0, probs[:, 0]), "f1": f1, "macro_f1": f1, "order": labels.tolist(),
+            "matrix": confusion_matrix(labels, probs.argmax(axis=1), labels=range(3)).tolist()}  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_epoch_metrics_over_the_gathered_set_equal_scikit_learns_at_world_sizes_1_2_and_3(strategy: str) -> None:
+    expected = whole_set_figures()
+    assert 0.1 < expected["auroc"] < 0.9 and expected["f1"] > 0.2, "figures that move when a sample is counted twice"
+    results = [rank for size in (1, 2, 3) for rank in on_ranks(size, scored_validation, strategy)]
+    for result in results:
+        assert list(result.metrics)[:2] == ["loss", "acc"], "the per-sample figures first, as before"
+        for name in ("auroc", "f1", "macro_f1"):
+            assert abs(result.metrics[name] - expected[name]) < 1e-12, (name, result.metrics[name], expected[name])
+        assert result.metrics["gathered"] == result.samples == 25, "each sample once: no padding, no shard dropped"
+        assert result.tables == {"confusion_matrix": expected["matrix"], "order": expected["order"]}, "in sample order"
+        assert result == results[0]
+
+
+def test_a_validation_writes_the_confusion_matrix_beside_metrics_jsonl_and_a_resume_cuts_it_back(tmp_path) -> None:
+    overrides = [*SMALL, "data.train_size=16", "data.val_size=25", "data.batch_size=4"]
+    trainer = build_trainer(to_train_config(compose_config(overrides)), cpu_env(0, 1), tmp_path)
+    for step in (1, 2):
+        trainer.state.step = step
+        record = trainer.validation().record()
+    assert list(record)[:3] == ["val_loss", "val_acc", "val_macro_f1"]
+    lines = [json.loads(line) for line in (tmp_path / "val_confusion_matrix.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    matrix = lines[0]["val_confusion_matrix"]
+    assert len(matrix) == 10 and sum(map(sum, matrix)) == 25, "rows: true classes, columns: predicted, each sample once"
+    trainer.metrics.drop_after(1)  # a resume from step 1 redoes step 2's validation
+    assert (tmp_path / "val_confusion_matrix.jsonl").read_text().count("\n") == 1

@@ -189,15 +189,16 @@ def test_the_log_says_each_validation_between_epochs_the_early_stop_and_the_weig
     run = trainer(tmp_path, *recipe)
     run.fit()
     said = [record.getMessage() for record in caplog.records if record.name.endswith(".trainer")]
-    between = [line for line in said if re.fullmatch(r"step \d+: val_loss=\S+ val_acc=\S+ val_samples=16 "
-                                                     r"\(validated in \d+\.\d s\)", line)]  # fmt: skip
+    between = [line for line in said if re.fullmatch(r"step \d+: val_loss=\S+ val_acc=\S+ val_macro_f1=\S+ "
+                                                     r"val_samples=16 \(validated in \d+\.\d s\)", line)]  # fmt: skip
     assert [line.split(":")[0] for line in between] == ["step 2", "step 4"], "not step 3's: the epoch's end says it"
     assert all(float(re.findall(r"validated in (\S+) s", line)[0]) < 600 for line in between), "its own time"
     line_format = r"^epoch \d+ step \d+: train_loss=\S+ lr=\S+ grad_norm=\S+ (\d+) samples/s$"
     rates = [int(rate) for line in said for rate in re.findall(line_format, line)]
     assert rates and min(rates) >= 1, f"each interval's own rate: {said}"
     (epoch,) = [re.fullmatch(r"epoch 1/5 done in (\d+\.\d) s \((\d+) samples/s\): val_loss=\S+ val_acc=\S+ "
-                             r"val_samples=16", line) for line in said if " done in " in line]  # fmt: skip
+                             r"val_macro_f1=\S+ val_samples=16", line)
+                for line in said if " done in " in line]  # fmt: skip
     seconds, rate, size = float(epoch[1]), int(epoch[2]), run.data.sampler.dataset_size  # printed to 0.1 s
     assert seconds < 600, "the epoch's own time: 3 small steps"
     assert size / (seconds + 0.05) - 1 <= rate <= (size / (seconds - 0.05) + 1 if seconds > 0.05 else 10**9), said

@@ -4,12 +4,18 @@ The figures equal a one-process evaluation of the same weights at any world size
 the set size is not divisible by it (DistributedSampler would pad with repeated samples). A figure
 that counted nothing over the whole set (a (total, count) pair's count 0 everywhere: every target
 masked) is NaN, not 0: a 0 would be ranked the best validation of the run.
+
+A task's epoch-level metrics (AUROC, macro-F1, a confusion matrix: docs/tasks.md) come from the whole
+set at once: what its `epoch_outputs` keeps of each sample is gathered from every rank in sample order,
+each sample once, and what its `epoch_sums` counts is summed exactly (int64, float64) across ranks;
+`epoch_metrics` turns both into figures (val_<name>, after the per-sample ones) and tables (a tensor of
+more than one element: the confusion matrix, written beside metrics.jsonl), on every rank alike.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from ..datasets.collate import model_forward, to_device
 from ..tasks import Task
-from .distributed.process_group import all_gather_int, all_reduce_sum
+from .distributed.process_group import all_gather_int, all_gather_tensors, all_reduce_sum
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,7 @@ class EvalResult:
     metrics: dict[str, float]  # the task's metrics, each the mean over the whole set (its samples, or its items)
     samples: int
     nothing_counted: tuple[str, ...] = ()  # val_<name> of the figures NaN because their count was 0 everywhere
+    tables: dict[str, Any] = field(default_factory=dict)  # epoch_metrics' tensors of more than one element, as lists
 
     @property
     def loss(self) -> float:
@@ -64,17 +71,17 @@ def evaluate(
     sums: torch.Tensor | None = None  # per name: the values' (or the totals') sum, then their count
     samples = torch.zeros((), dtype=torch.float64, device=device)
     forwards = max(all_gather_int(len(loader), device)) if lockstep else len(loader)
-    batches, filler = iter(loader), None
-
-    def metrics_of(batch: Any) -> dict[str, Any]:
-        inputs, targets, _, _ = batch
-        return task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device))
+    batches, filler, epoch = iter(loader), None, EpochState.of(task)
 
     for _ in range(max(forwards, 1)):  # one forward at least: an empty shard learns the metric names
         batch = next(batches, None)
         if batch is None:  # this rank's shard is shorter (or empty): a filler forward, figures dropped
             filler = filler or one_sample(loader)
-        values = metrics_of(batch if batch is not None else filler)
+        inputs, targets, _, indices = batch if batch is not None else filler
+        outputs, targets = model_forward(model, to_device(inputs, device)), to_device(targets, device)
+        values = task.metrics(outputs, targets)
+        if epoch is not None:
+            epoch.add(outputs, targets, indices if batch is not None else None)
         if sums is None:
             names = list(values)
             sums = torch.zeros(2, len(names), dtype=torch.float64, device=device)
@@ -90,7 +97,10 @@ def evaluate(
              for name, total, count in zip(names, totals, counts, strict=True)}  # fmt: skip
     figures = summarised(task, means)
     empty = tuple(f"val_{name}" for name, value in figures.items() if math.isnan(value)) if 0 in counts else ()
-    return EvalResult(figures, int(samples.item()), empty)
+    if epoch is None:
+        return EvalResult(figures, int(samples.item()), empty)
+    more, tables = epoch.results(device)
+    return EvalResult({**figures, **distinct(more, figures)}, int(samples.item()), empty, tables)
 
 
 def summed(value: Any, samples: int) -> torch.Tensor:
@@ -119,10 +129,91 @@ def one_sample(loader: DataLoader) -> Any:
 @torch.no_grad()
 def metric_names(model: nn.Module, loader: DataLoader, task: Task, device: torch.device) -> list[str]:
     """The figures a validation gives (val_<metric>), from one forward of one sample (on every rank:
-    a sharded model's forward is a collective)."""
+    a sharded model's forward is a collective); epoch_metrics' over that sample alone, so it must give the
+    same names over any set (NaN where a figure is undefined: an AUROC with one class present)."""
     was_training = model.training
     model.eval()
-    inputs, targets, _, _ = one_sample(loader)
-    names = list(task.metrics(model_forward(model, to_device(inputs, device)), to_device(targets, device)))
+    inputs, targets, _, indices = one_sample(loader)
+    outputs, targets = model_forward(model, to_device(inputs, device)), to_device(targets, device)
+    names = list(summarised(task, dict.fromkeys(task.metrics(outputs, targets), 1.0)))
+    if (epoch := EpochState.of(task)) is not None:  # its figures over this one sample: their names
+        epoch.add(outputs, targets, indices)
+        names += list(epoch.results(device, across_ranks=False)[0])
     model.train(was_training)
-    return [f"val_{name}" for name in summarised(task, dict.fromkeys(names, 1.0))]
+    return [f"val_{name}" for name in names]
+
+
+class EpochState:
+    """What a task's `epoch_metrics` sees of the whole set: its `epoch_outputs` of every sample, gathered in
+    sample order, each once (the ranks' shards are disjoint and unpadded), and its `epoch_sums` summed over
+    every batch of every rank. Filler forwards (lockstep, empty shards) only learn the names and shapes."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.kept: dict[str, list[torch.Tensor]] = {}  # this rank's per-sample values, batch by batch
+        self.indices: list[torch.Tensor] = []
+        self.empty: dict[str, torch.Tensor] = {}  # each value's shape with no sample: a set with none
+        self.sums: dict[str, torch.Tensor] | None = None
+
+    @staticmethod
+    def of(task: Any) -> EpochState | None:
+        return EpochState(task) if callable(getattr(task, "epoch_metrics", None)) else None
+
+    def add(self, outputs: Any, targets: Any, indices: torch.Tensor | None) -> None:
+        """A batch's share; `indices` None: a filler forward's, which adds nothing."""
+        if callable(getattr(self.task, "epoch_outputs", None)):
+            for name, value in self.task.epoch_outputs(outputs, targets).items():
+                if indices is not None and len(value) != len(indices):
+                    raise ValueError(f"epoch_outputs' {name!r} has {len(value)} rows for a batch of {len(indices)}: "
+                                     "give one row per sample (tasks.py)")  # fmt: skip
+                self.empty.setdefault(name, value.detach()[:0].cpu())
+                if indices is not None:
+                    self.kept.setdefault(name, []).append(value.detach())
+            if indices is not None:
+                self.indices.append(indices.cpu())
+        if callable(getattr(self.task, "epoch_sums", None)):
+            counted = {name: exact(value) for name, value in self.task.epoch_sums(outputs, targets).items()}
+            self.sums = self.sums or {name: torch.zeros_like(value) for name, value in counted.items()}
+            if indices is not None:
+                for name, value in counted.items():
+                    self.sums[name] += value
+
+    def gathered(self, device: torch.device, across_ranks: bool) -> dict[str, torch.Tensor]:
+        """Every sample's epoch_outputs, on the host, in sample order (by their set indices)."""
+        indices = torch.cat(self.indices) if self.indices else torch.zeros(0, dtype=torch.int64)
+        mine = {"indices": indices, "values": {name: torch.cat(parts).cpu() for name, parts in self.kept.items()}}
+        pieces = all_gather_tensors(mine, device) if across_ranks else [mine]
+        pieces = [piece for piece in pieces if len(piece["indices"])]  # a rank with no sample sends none
+        if not pieces:
+            return dict(self.empty)
+        indices = torch.cat([piece["indices"] for piece in pieces])
+        order = indices.argsort(stable=True)
+        if across_ranks and len(indices.unique()) != len(indices):  # the figures would count a sample twice
+            raise RuntimeError("an evaluation loader gave a sample twice: evaluate's loaders must be unpadded "
+                               "disjoint shards (engine/data/sampler.py, eval_shard)")  # fmt: skip
+        return {name: torch.cat([piece["values"][name] for piece in pieces])[order] for name in self.empty}
+
+    def results(self, device: torch.device, across_ranks: bool = True) -> tuple[dict[str, float], dict[str, Any]]:
+        """The task's epoch_metrics: its figures (numbers, 0-d tensors) and its tables (larger tensors, as lists)."""
+        epoch = self.gathered(device, across_ranks) if self.empty or self.indices else {}
+        for name, value in (self.sums or {}).items():
+            epoch[name] = (all_reduce_sum(value) if across_ranks else value).cpu()
+        figures, tables = {}, {}
+        for name, value in self.task.epoch_metrics(epoch).items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                tables[name] = value.tolist()
+            else:
+                figures[name] = float(value)
+        return figures, tables
+
+
+def exact(value: torch.Tensor) -> torch.Tensor:
+    """A count as it sums exactly across batches and ranks: integers (and booleans) in int64, floats in float64."""
+    return value.detach().double() if value.is_floating_point() else value.detach().long()
+
+
+def distinct(more: dict[str, float], figures: dict[str, float]) -> dict[str, float]:
+    """The epoch figures, refused where one would replace a per-sample figure of the same name."""
+    if clash := sorted(set(more) & set(figures)):
+        raise ValueError(f"epoch_metrics and metrics both give {', '.join(clash)}: give them distinct names")
+    return more

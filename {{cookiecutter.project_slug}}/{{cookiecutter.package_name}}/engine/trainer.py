@@ -315,6 +315,7 @@ class Trainer:
         if (why := result.uncounted()) and self.env.is_main:  # NaN: the monitor ranks and counts it as no improvement
             log.warning("step %d: %s", self.state.step, why)
         self.metrics.write("val", step=self.state.step, epoch=self.state.epoch, **result.record())
+        self.metrics.write_tables(result.tables, step=self.state.step, epoch=self.state.epoch)  # val_<name>.jsonl
         self.callbacks.fire("on_validation_end", result.record())
         return result
 

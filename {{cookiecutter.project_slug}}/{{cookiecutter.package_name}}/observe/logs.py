@@ -6,7 +6,9 @@
 - `log.all_ranks_console=true` prints every rank's INFO lines too;
 - rank 0 appends one JSON object per log interval and per evaluation to metrics.jsonl, strict JSON:
   a figure that is not finite is written as the string "NaN", "Infinity" or "-Infinity" (Python's
-  float() reads them back), never as the bare NaN that strict JSON readers reject.
+  float() reads them back), never as the bare NaN that strict JSON readers reject;
+- a validation's tables (a task's epoch_metrics that are not one number: a confusion matrix) go beside it,
+  one file per table, `<run dir>/val_<name>.jsonl`, one record per validation: {"step", "epoch", "val_<name>"}.
 """
 
 from __future__ import annotations
@@ -160,6 +162,12 @@ class MetricsLog:
         for sink in self.sinks:
             sink.write(kind, values)
 
+    def write_tables(self, tables: dict[str, Any], **values: Any) -> None:
+        """Each table to `val_<name>.jsonl` beside metrics.jsonl, with `values` (step, epoch); not to the sinks."""
+        for name, table in tables.items():
+            table_log = MetricsLog(self.path.with_name(f"val_{name}.jsonl"), self.enabled)
+            table_log.write("val", **values, **{f"val_{name}": table})
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
@@ -172,18 +180,24 @@ class MetricsLog:
         """
         if not self.enabled or not self.path.exists():
             return
-        kept = []
-        for number, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            try:
-                record = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError:
-                record = None
-                log.warning("dropping line %d of %s: not a whole JSON record (%.60s)", number, self.path, line)
-            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
-                kept.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        for path in [self.path, *self.path.parent.glob("val_*.jsonl")]:  # and write_tables' files beside it
+            drop_records_after(path, step)
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """Keep the records of a jsonl file up to `step` (MetricsLog.drop_after)."""
+    kept = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            record = None
+            log.warning("dropping line %d of %s: not a whole JSON record (%.60s)", number, path, line)
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def use_progress_bar(env: DistEnv) -> bool:

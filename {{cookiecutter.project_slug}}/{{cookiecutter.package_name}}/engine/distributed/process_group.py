@@ -12,10 +12,12 @@ import contextlib
 import datetime
 import gc
 import hashlib
+import io
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -203,6 +205,17 @@ def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
     gathered = [torch.empty_like(mine) for _ in sizes]
     dist.all_gather(gathered, mine)
     return [item[:size].cpu().numpy().tobytes() for item, size in zip(gathered, sizes, strict=True)]
+
+
+def all_gather_tensors(piece: dict[str, Any], device: torch.device, keep: bool = True) -> list[dict[str, Any]]:
+    """Every rank's `piece` (tensors on the host, in dicts), in rank order, read back with weights_only; []
+    where not `keep` (the bytes still reach every rank: an all-gather). A world of one: its piece itself."""
+    if not is_distributed():
+        return [piece] if keep else []
+    buffer = io.BytesIO()
+    torch.save(piece, buffer)
+    pieces = all_gather_bytes(buffer.getvalue(), device)
+    return [torch.load(io.BytesIO(data), weights_only=True) for data in pieces] if keep else []
 
 
 def broadcast_bytes(data: bytes | None, src: int, device: torch.device) -> bytes:
