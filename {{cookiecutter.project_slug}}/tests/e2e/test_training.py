@@ -60,7 +60,10 @@ def test_rank_logs_metrics_and_config_are_left(trained_run) -> None:
     }
     val = [r for r in records if r["kind"] == "val"]
     assert [r["epoch"] for r in val] == [0, 1, 2]
-    assert set(val[0]) == {"kind", "step", "epoch", "val_loss", "val_acc", "val_samples"}
+    assert set(val[0]) == {"kind", "step", "epoch", "val_loss", "val_acc", "val_macro_f1", "val_samples"}
+    matrices = [json.loads(line) for line in (run_dir / "val_confusion_matrix.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in matrices] == [r["step"] for r in val], "one confusion matrix per validation"
+    assert sum(map(sum, matrices[-1]["val_confusion_matrix"])) == val[-1]["val_samples"], "every sample once"
     assert (run_dir / "checkpoints" / "config.yaml").is_file()
     assert (run_dir / ".hydra" / "config.yaml").is_file()
 
