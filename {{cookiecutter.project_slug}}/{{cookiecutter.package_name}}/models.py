@@ -57,12 +57,13 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: attention, then an MLP, each added to the residual stream."""
 
-    def __init__(self, width: int, heads: int, dropout: float) -> None:
+    def __init__(self, width: int, heads: int, dropout: float, gelu: str | None = None) -> None:
         super().__init__()
         self.attention_norm, self.mlp_norm = nn.LayerNorm(width), nn.LayerNorm(width)
         self.attention = CausalSelfAttention(width, heads, dropout)
+        approximate = "tanh" if gelu == "tanh" else "none"  # tanh: GPT-2's gelu_new
         self.mlp = nn.Sequential(
-            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout)
+            nn.Linear(width, 4 * width), nn.GELU(approximate), nn.Linear(4 * width, width), nn.Dropout(dropout)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,15 +76,17 @@ class GPT(nn.Module):
 
     def __init__(
         self, block_size: int, vocab_size: int = 256, layers: int = 4, heads: int = 4, width: int = 128,
-        dropout: float = 0.0,
+        dropout: float = 0.0, gelu: str | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         if width % heads:
             raise ValueError(f"width={width} is not a multiple of heads={heads}")
+        if gelu not in (None, "exact", "tanh"):  # None: exact
+            raise ValueError(f"gelu={gelu}: give exact or tanh (GPT-2's approximation)")
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.position_embedding = nn.Embedding(block_size, width)
         self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, heads, dropout, gelu) for _ in range(layers))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
 

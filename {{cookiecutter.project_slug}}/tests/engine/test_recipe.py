@@ -18,7 +18,7 @@ from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
-from ..helpers import TINY, assert_same, compose_config, on_ranks
+from ..helpers import CPU, TINY, assert_same, compose_config, on_ranks
 
 RECIPE = [
     "data.train_size=48", "data.batch_size=4", "trainer.max_steps=10", "trainer.val_every_n_steps=3",
@@ -209,3 +209,69 @@ def test_a_resume_that_changes_a_torch_schedulers_settings_is_refused_or_takes_e
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in records if r["kind"] == "train" and r["step"] > 4] == pytest.approx([0.02, 0.02, 0.002,
                                                                                                   0.002])  # fmt: skip
+
+
+def extra_set(seed: int, size: int) -> str:
+    """A data set node of other synthetic images than the run's (its val set: the pair's second)."""
+    return ("{_target_:{{cookiecutter.package_name}}.datasets.synthetic_images,num_classes:10,image_size:32,"
+            f"train_size:1,val_size:{size},seed:{seed}}}")  # fmt: skip
+
+
+EXTRA_SETS = ["trainer.max_steps=6", f"+data.val_sets.easy={extra_set(3, 13)}",
+              f"+data.val_sets.hard={extra_set(4, 11)}"]  # fmt: skip
+
+
+def test_named_validation_sets_are_each_evaluated_as_alone_and_the_monitor_may_rank_by_one(tmp_path: Path) -> None:
+    from {{cookiecutter.package_name}}.engine.callbacks import eval_loader
+
+    run = relaunch(tmp_path, *EXTRA_SETS, "checkpoint.keep_best=1", "checkpoint.monitor=val_hard_loss")
+    run.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    val = [record for record in records if record["kind"] == "val"]
+    assert [record["step"] for record in val] == [2, 4, 6]
+    assert {"val_loss", "val_acc", "val_easy_loss", "val_easy_acc", "val_hard_loss", "val_hard_acc"} <= set(val[-1])
+    for name, dataset in (("easy", run.data.val_sets["easy"].dataset.dataset.base),
+                          ("hard", run.data.val_sets["hard"].dataset.dataset.base)):  # fmt: skip
+        alone = run.evaluate_on(eval_loader(dataset, run.config.data, CPU, run.config.seed))
+        assert {f"val_{name}_{key}": value for key, value in alone.items()} == {
+            key: value for key, value in val[-1].items() if key.startswith(f"val_{name}_")}, name  # fmt: skip
+    assert len(run.data.val_sets["hard"].dataset) == 11 and val[-1]["val_samples"] == 16
+    best = min(val, key=lambda record: record["val_hard_loss"])
+    assert run.monitor.best == [(best["step"], best["val_hard_loss"])], "ranked by val_hard_loss"
+    with pytest.raises(ConfigError, match="checkpoint.monitor=val_tough_loss is not a figure"):
+        relaunch(tmp_path / "other", *EXTRA_SETS, "checkpoint.keep_best=1", "checkpoint.monitor=val_tough_loss")
+
+
+def trained_and_tested(env: DistEnv, run_dir: Path) -> tuple[list[dict], int]:
+    """A run whose monitor ranks a figure that gets worse (val_loss, max: the first validation's is the best) with
+    a test set that is one of its validation sets too: its records, and the step it ended at."""
+    config = to_train_config(compose_config([
+        *TINY, "data.train_size=48", "data.global_batch_size=8", "trainer.val_every_n_steps=2", *EXTRA_SETS,
+        f"+data.test_set={extra_set(4, 11)}", "checkpoint.keep_best=1", "checkpoint.mode=max"]))  # fmt: skip
+    run = build_trainer(config, env, run_dir)
+    run.fit()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if env.is_main else []
+    return records, run.state.step
+
+
+def test_the_test_set_is_evaluated_once_at_the_end_with_the_best_weights_at_any_world_size(tmp_path: Path) -> None:
+    records, last = trained_and_tested(CPU, tmp_path / "one")
+    tests = [record for record in records if record["kind"] == "test"]
+    assert len(tests) == 1 and records[-1] == tests[0], "once, at the end"
+    val = {record["step"]: record for record in records if record["kind"] == "val"}
+    best = max(val, key=lambda step: val[step]["val_loss"])
+    assert best != last and tests[0]["step"] == best, "the best is not the last: its weights are tested"
+    # The test set is validation set "hard" too: the best step's figures of it are those of the best weights.
+    assert {key: tests[0][f"test_{key[9:]}"] for key in val[best] if key.startswith("val_hard_")} == {
+        key: value for key, value in val[best].items() if key.startswith("val_hard_")}  # fmt: skip
+    assert tests[0]["test_loss"] != val[last]["val_hard_loss"] and tests[0]["test_samples"] == 11
+    # On two ranks (BatchNorm's statistics per rank train other weights): each evaluates its unpadded share of
+    # the 11 samples, and the figures are still exactly those of its best weights over the whole set.
+    (records, end), (_, end_of_rank_1) = on_ranks(2, trained_and_tested, tmp_path / "two")
+    (test_on_two,) = [record for record in records if record["kind"] == "test"]
+    val = {record["step"]: record for record in records if record["kind"] == "val"}
+    best = max(val, key=lambda step: val[step]["val_loss"])
+    assert end == end_of_rank_1 == last and best != last and test_on_two["step"] == best
+    assert {key: test_on_two[f"test_{key[9:]}"] for key in val[best] if key.startswith("val_hard_")} == {
+        key: value for key, value in val[best].items() if key.startswith("val_hard_")}  # fmt: skip
+    assert test_on_two["test_samples"] == 11

@@ -44,6 +44,7 @@ MARKERS = (STOPPED_MARKER, FAILED_MARKER, FINISHED_MARKER)
 CONTROL_DIR_ENV = "TRAIN_CONTROL_DIR"
 DEBUG_DIR_ENV = "TRAIN_DEBUG_DIR"  # set by the launcher under DEBUG=1: <run dir>/debug
 STORE_ADDRESS_ENV = "TRAIN_STORE_ADDRESS"  # where torchrun's stores listen (agent.py); unset: every interface
+LAUNCH_COMMAND_ENV = "TRAIN_LAUNCH_COMMAND"  # the launcher's arguments (a JSON list), for observe/provenance.py
 
 
 def marker_dirs(run_dir: Path | None, control_dir: Path | None = None) -> list[Path]:

@@ -33,8 +33,7 @@ from .values import (
 
 @dataclass
 class DataConfig:
-    """The loader's keys of a configs/data/*.yaml file. Its `dataset` node's `_target_` returns
-    the (train, val) pair; any other key of the file is there for that node to interpolate."""
+    """A configs/data/*.yaml file's loader keys: `dataset._target_` returns the (train, val) pair, others it reads."""
 
     batch_size: int  # per process (derived from global_batch_size where that is set: config/batches.py)
     num_workers: int
@@ -45,6 +44,8 @@ class DataConfig:
     collate: dict[str, Any] | None = None  # _target_: the user's batching of items that do not stack
     global_batch_size: int | None = None  # samples per optimizer step over every process, at any world size
     micro_batch_size: int | None = None  # with global_batch_size: the most a process runs at once
+    val_sets: dict[str, Any] = field(default_factory=dict)  # name -> a data set node, validated as val_<name>_*
+    test_set: dict[str, Any] | None = None  # a data set node evaluated once at the end of training: test_*
     node: dict[str, Any] = field(default_factory=dict)  # the whole data node, as configured
 
     @classmethod
@@ -59,17 +60,16 @@ class DataConfig:
             augment=flag("data.augment", node.get("augment", False)),
             on_device=flag("data.on_device", node.get("on_device", False)),
             collate=collate_node(node.get("collate")),
+            **{"val_sets": node.get("val_sets") or {}, "test_set": node.get("test_set")},  # data/loader.py checks
             **global_batch_keys(node),
             node=node,
         )
 
 
 def collate_node(node: Any) -> dict[str, Any] | None:
-    """data.collate: absent or null (torch's default collation: items that stack), or a node whose
-    `_target_` builds the batching of a list of (input, target) items."""
-    if node is None:
-        return None
-    require_target("data.collate", node)
+    """data.collate: absent or null (torch's default collation), or a node whose `_target_` batches items."""
+    if node is not None:
+        require_target("data.collate", node)
     return node
 
 

@@ -15,6 +15,7 @@ more than one element: the confusion matrix, written beside metrics.jsonl), on e
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,10 +128,13 @@ def one_sample(loader: DataLoader) -> Any:
 
 
 @torch.no_grad()
-def metric_names(model: nn.Module, loader: DataLoader, task: Task, device: torch.device) -> list[str]:
-    """The figures a validation gives (val_<metric>), from one forward of one sample (on every rank:
-    a sharded model's forward is a collective); epoch_metrics' over that sample alone, so it must give the
-    same names over any set (NaN where a figure is undefined: an AUROC with one class present)."""
+def metric_names(
+    model: nn.Module, loader: DataLoader, task: Task, device: torch.device, sets: Iterable[str] = ()
+) -> list[str]:
+    """The figures a validation gives (val_<metric>, and val_<name>_<metric> of each of data.val_sets' `sets`),
+    from one forward of one sample (on every rank: a sharded model's forward is a collective); epoch_metrics'
+    over that sample alone, so it must give the same names over any set (NaN where a figure is undefined: an
+    AUROC with one class present)."""
     was_training = model.training
     model.eval()
     inputs, targets, _, indices = one_sample(loader)
@@ -140,7 +144,7 @@ def metric_names(model: nn.Module, loader: DataLoader, task: Task, device: torch
         epoch.add(outputs, targets, indices)
         names += list(epoch.results(device, across_ranks=False)[0])
     model.train(was_training)
-    return [f"val_{name}" for name in names]
+    return [f"val_{name}" for name in names] + [f"val_{set_name}_{name}" for set_name in sets for name in names]
 
 
 class EpochState:

@@ -48,7 +48,7 @@ from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
 from ..tasks import Task, sample_weights
 from .callbacks import Callbacks
-from .checkpoint.manager import CheckpointManager
+from .checkpoint.manager import CheckpointManager, agree_on_checkpoint
 from .data.loader import Data
 from .data.sampler import ResumableDistributedSampler
 from .distributed.process_group import all_reduce_sum, weights_fingerprint
@@ -108,6 +108,7 @@ class Trainer:
                 result = self.train_epochs(stop)
                 self.checkpoints.wait()
                 self.callbacks.fire("on_train_end")
+                held = self.test() if result is not None and self.data.test_loader is not None else self.state.step
             if self.env.is_main:  # before the signal handlers go: a stop signal from here on changes nothing
                 write_marker(self.run_dir, FINISHED_MARKER, f"{self.state.step}\n")
         except BaseException:
@@ -123,11 +124,11 @@ class Trainer:
         if result is None:
             why = f" (stopped early: {self.monitor.stopped})" if self.monitor.stopped else ""
             log.info("training had already finished at step %d%s; evaluating", self.state.step, why)
-            result = self.validate()
+            result = self.validate_all()
         # After validate() every rank holds rank 0's buffers. Where each rank holds the whole weights it
         # logs their fingerprint (the same on every rank); where they are gathered, rank 0 does.
         if weights := self.strategy.full_weights():
-            log.info("weights at step %d: sha256 %s", self.state.step, weights_fingerprint(weights))
+            log.info("weights at step %d: sha256 %s", held, weights_fingerprint(weights))
         if self.config.trainer.compile:  # that trainer.compile took effect, and how well
             from torch._dynamo.utils import counters
 
@@ -310,7 +311,7 @@ class Trainer:
 
     def validation(self) -> EvalResult:
         """Validate at this step and record it: metrics.jsonl (and the sinks), then the callbacks."""
-        result = self.last_result = self.validate()
+        result = self.last_result = self.validate_all()
         self.validated_at = self.state.step
         if (why := result.uncounted()) and self.env.is_main:  # NaN: the monitor ranks and counts it as no improvement
             log.warning("step %d: %s", self.state.step, why)
@@ -340,6 +341,55 @@ class Trainer:
         loader = self.data.val_loader if loader is None else loader
         with self.ema.swapped_in():  # trainer.ema: the average is what is validated
             return evaluate(self.model, loader, self.task, self.env.device, lockstep=lockstep)
+
+    def validate_all(self) -> EvalResult:
+        """The validation set's figures, then each of data.val_sets' as <name>_<metric> (val_<name>_<metric> in
+        the record, which checkpoint.monitor may name), each set evaluated exactly as the validation set is."""
+        result = self.validate()
+        for name, loader in self.data.val_sets.items():
+            named = self.validate(loader)
+            result = EvalResult(
+                {**result.metrics, **{f"{name}_{key}": value for key, value in named.metrics.items()}},
+                result.samples,
+                result.nothing_counted + tuple(f"val_{name}_{key[4:]}" for key in named.nothing_counted),
+                {**result.tables, **{f"{name}_{key}": value for key, value in named.tables.items()}},
+            )
+        return result
+
+    def test(self) -> int:
+        """data.test_set, evaluated once at the end of training, exactly (as the validation set is), with the
+        best checkpoint's weights (the last weights where checkpoint.keep_best is off): a "test" record in
+        metrics.jsonl and a log line. The step whose weights the model holds after it."""
+        step = self.load_best()
+        result = self.validate(self.data.test_loader)
+        figures = {f"test_{name}": value for name, value in result.metrics.items()}
+        self.metrics.write("test", step=step, epoch=self.state.epoch, **figures, test_samples=result.samples)
+        shown = " ".join(f"{name}={value:.6f}" for name, value in figures.items())
+        which = "the best" if self.monitor.kept_steps()[:1] == [step] else "the last"
+        log.info("test, with the weights of step %d (%s): %s test_samples=%d", step, which, shown, result.samples)
+        return step
+
+    def load_best(self) -> int:
+        """Load the weights (and the EMA) of checkpoint.keep_best's best checkpoint, where that is not the
+        current step's; the step whose weights the model holds. Every rank loads the same one: where a node
+        lacks the file, it is sent (agree_on_checkpoint); where none holds it, the last weights stay."""
+        best = self.monitor.kept_steps()
+        if not best or best[0] == self.state.step:
+            return self.state.step
+        writer = self.checkpoints.writer
+        path = writer.folder / writer.name_of(best[0])
+        found = agree_on_checkpoint(writer.readable(path) if path.exists() else None, self.env)
+        if found is None:
+            log.warning("the best checkpoint (step %d) is gone: the test evaluates the last weights", best[0])
+            return self.state.step
+        path, payload = found
+        self.strategy.load_state_dict(payload, path)
+        if "model" not in payload:  # a folder of shards: the EMA is read in place
+            from .checkpoint.sharded import load_owner_tensors  # torch.distributed.checkpoint: slow to import
+
+            payload = {**payload, **load_owner_tensors(path, [self.ema])}
+        self.ema.load_state_dict(payload)
+        return best[0]
 
     def evaluate_on(self, loader: Any) -> dict[str, float]:
         """The task's metrics over another data set's loader, as the validation evaluates (run.evaluate)."""

@@ -20,6 +20,7 @@ rendezvous.py (the nodes' meeting point), supervise.py (torchrun as a child, sig
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..common.redaction import redact_text
+from ..common.run_dir import LAUNCH_COMMAND_ENV
 from .checks import check_comm_config
 from .job import train
 from .keys import USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, usage
@@ -76,6 +78,7 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
         if args.multirun and mode != "single":
             raise LaunchError("-m (a sweep) runs on one node: use scripts/run_single.sh -m ...")
         launch = plan(mode, args, dict(os.environ), read_cluster_env(Path("scripts") / "cluster.env"))
+        launch.env[LAUNCH_COMMAND_ENV] = json.dumps([mode, *argv])  # the workers' provenance.json records it
         if mode == "comm":
             check_comm_config(args.overrides, launch)
             check_rendezvous(launch)

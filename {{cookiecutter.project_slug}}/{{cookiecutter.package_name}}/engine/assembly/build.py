@@ -19,6 +19,7 @@ from ...models import count_parameters
 from ...observe.hangs import build_stall_watch
 from ...observe.logs import MetricsLog
 from ...observe.profiling import build_profiler
+from ...observe.provenance import Provenance
 from ...observe.sinks import build_sinks
 from ..callbacks import Callbacks, CallbackStates, Run, build_callbacks
 from ..checkpoint.files import list_checkpoints, local_folder
@@ -115,7 +116,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     monitor = Monitor.of(config.checkpoint, config.trainer)
     schedule.check_monitor(monitor.key, monitor.mode)  # ReduceLROnPlateau: stepped with the monitored figure
     if monitor.enabled or schedule.needs_metric:  # a monitor the validation does not give: refused before any step
-        monitor.check_names(metric_names(model, data.val_loader, task, env.device))
+        monitor.check_names(metric_names(model, data.val_loader, task, env.device, data.val_sets))
     ema = build_ema(config, model)
     log.info(
         "model %s (%d parameters) on %s, backend %s, world size %d, %d samples per process per micro-batch, "
@@ -129,7 +130,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)
     same_data = SamePreparedData(data.prepared, config.checkpoint.allow_changes)  # data prepared again: refused
     states = [CallbackStates(callbacks, env)] if callbacks.stateful() else []  # every rank's callbacks' states
-    owners = [state, runner, schedule, monitor, ema, same_data,  # the generators last
+    provenance = Provenance.start(run_dir, env)  # rank 0: this start's record, in provenance.json and checkpoints
+    owners = [state, runner, schedule, monitor, ema, same_data, provenance,  # the generators last
               *(sink for sink in sinks if hasattr(sink, "state_dict")), *states, generators]  # fmt: skip
     plain_config = to_plain_dict(config)
     checkpoints = CheckpointManager(
@@ -167,7 +169,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     if env.is_main:  # rank 0 feeds the sinks; a tracker's records wait for a checkpoint to cover them
         own_checkpoint = found is None or found[0] != Path(config.checkpoint.resume)  # not another run's
         for sink in sinks:
-            sink.start(state.step, trainer.metrics.path, plain_config, own_checkpoint)
+            sink.start(state.step, trainer.metrics.path, {**plain_config, **provenance.params()}, own_checkpoint)
             trainer.metrics.sinks.append(sink)
             if hasattr(sink, "commit"):
                 checkpoints.on_written.append(sink.commit)

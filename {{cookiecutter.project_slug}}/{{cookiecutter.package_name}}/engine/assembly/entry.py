@@ -40,6 +40,7 @@ from ...common.storage import local_path
 from ...config import TrainConfig, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
 from ...observe.hangs import keep_ddp_working_on_gloo
 from ...observe.logs import setup_logging
+from ...observe.provenance import summary
 from ..checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
 from ..checkpoint.trust import check_data_paths, check_trusted, command_values, saved_config
 from ..checkpoint.weights import has_ema, load_weights
@@ -233,7 +234,8 @@ def run_eval(cfg: DictConfig) -> None:
             model = checkpoint_model(path, payload, config, env.device)
             data = build_data(config.data, env, config.seed)
             result = evaluate(model, data.val_loader, build_task(config.task), env.device)
-            log.info("evaluated %s (step %d) on %d processes", path, payload["step"], env.world_size)
+            log.info("evaluated %s (step %d) on %d processes; %s", path, payload["step"], env.world_size,
+                     summary(payload.get("provenance")))  # fmt: skip
             if (why := result.uncounted()) and env.is_main:  # a NaN figure: say why beside it
                 log.warning(why)
             if env.is_main:

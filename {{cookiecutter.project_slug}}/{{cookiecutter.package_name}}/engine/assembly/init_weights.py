@@ -1,8 +1,9 @@
 """model.init_from: a new run starts from weights (fine-tuning), not from a random initialisation.
 
 The file is another run's checkpoint (`step_<N>.pt`, or a folder of shards `step_<N>/`), an export
-(export.py, `.pt` or `.safetensors`), any safetensors file, or a plain state_dict such as
-torchvision's (`{"state_dict": ...}` and DDP's `module.` prefix are unwrapped). Weights only: the
+(export.py, `.pt` or `.safetensors`), any safetensors file, a plain state_dict such as
+torchvision's (`{"state_dict": ...}` and DDP's `module.` prefix are unwrapped), or a Hugging Face GPT-2's
+folder (config.json and model.safetensors, into the GPT: checkpoint/hf.py). Weights only: the
 optimizer, the schedule and the data position start afresh. Rank 0 reads it and the others receive
 it through the process group (no shared file system needed), before the strategy spreads the model.
 A tensor whose shape differs (a new head) keeps its fresh initialisation; those, and the names on
@@ -23,6 +24,7 @@ from ...common.errors import ConfigError
 from ...common.placement import DistEnv
 from ...common.storage import local_path
 from ..checkpoint.files import TRAINER_FILE, NotACheckpoint, load_checkpoint
+from ..checkpoint.hf import is_gpt2_folder, read_gpt2
 from ..checkpoint.trust import check_trusted, saved_config
 from ..distributed.process_group import broadcast_bytes, is_distributed
 
@@ -30,11 +32,14 @@ log = logging.getLogger(__name__)
 SHOWN = 4  # names per kind in the one line
 
 
-def read_weights(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
+def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None) -> dict[str, torch.Tensor]:
     """The model weights a file or a folder of shards holds, as whole CPU tensors. A run's checkpoint
-    whose config names code outside the project is refused unless `trust` (checkpoint/trust.py)."""
+    whose config names code outside the project is refused unless `trust` (checkpoint/trust.py). A
+    Hugging Face folder's config.json is checked against `model` (a GPT-2's sizes must be the GPT's)."""
     if not path.exists():
         raise ConfigError(f"model.init_from={path}: no such file or folder; give a weights file or a run's checkpoint")
+    if model is not None and is_gpt2_folder(path):
+        return read_gpt2(path, model)
     if path.is_dir():
         from ..checkpoint.sharded import read_whole  # torch.distributed.checkpoint: slow to import
 
@@ -133,7 +138,7 @@ def initialise_from(model: nn.Module, source: str, env: DistEnv, has_checkpoint:
     if env.is_main and not has_checkpoint:
         try:
             buffer = io.BytesIO()
-            torch.save(read_weights(Path(local_path(source, "model.init_from")), trust), buffer)
+            torch.save(read_weights(Path(local_path(source, "model.init_from")), trust, model), buffer)
             data = b"W" + buffer.getvalue()
         except ConfigError as error:
             data = b"E" + str(error).encode()

@@ -12,8 +12,9 @@ Items that do not stack (sequences of different lengths) are batched by the user
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from ...datasets import TensorImages
 from ...datasets.collate import Batch
 from ...datasets.images import DeviceBatches
 from ...datasets.randomness import EVAL_EPOCH, building_sample
-from ..assembly.components import build, build_datasets, describe
+from ..assembly.components import build, build_datasets, describe, is_map_style
 from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ class Data:
     sampler: ResumableDistributedSampler
     val_size: int
     prepared: dict[str, str] | None = None  # the training set's prepared data ({"root", "id"}): tokens, shards
+    val_sets: dict[str, DataLoader] = field(default_factory=dict)  # data.val_sets: this rank's share of each, by name
+    test_loader: DataLoader | None = None  # data.test_set: this rank's share, evaluated once at the end of training
 
 
 def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
@@ -148,6 +151,7 @@ def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
     """The training loader (resumable distributed sampler) and this rank's evaluation loader."""
     train_base, val_base = build_datasets(config.dataset)
     check_datasets(config, (train_base, val_base))
+    val_sets, test_set = build_eval_sets(config)
     train_set = KeyedDataset(train_base, seed, augment if config.augment else None)
     val_set = KeyedDataset(val_base, seed)
     sampler = ResumableDistributedSampler.for_dataset(train_base, env, config.batch_size, seed)
@@ -165,4 +169,48 @@ def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
         sampler=sampler,
         val_size=len(val_set),
         prepared=getattr(train_base, "prepared", None),
+        val_sets={name: eval_loader(dataset, config, env, seed) for name, dataset in val_sets.items()},
+        test_loader=eval_loader(test_set, config, env, seed) if test_set is not None else None,
     )
+
+
+def eval_loader(dataset: Dataset, config: DataConfig, env: DistEnv, seed: int) -> DataLoader:
+    """This rank's unpadded share of an evaluation set, loaded as the validation set is. Its own loader
+    options (a generator of its own): the training loader's draws stay those of a run without it."""
+    keyed = KeyedDataset(dataset, seed)
+    shard = torch.utils.data.Subset(keyed, list(eval_shard(len(keyed), env.rank, env.world_size)))
+    return DataLoader(shard, shuffle=False, **loader_options(config, env, seed))
+
+
+def build_eval_sets(config: DataConfig) -> tuple[dict[str, Dataset], Dataset | None]:
+    """data.val_sets (name -> node) and data.test_set (a node or null), built; refused in one line where wrong."""
+    if not isinstance(config.val_sets, Mapping):
+        raise ConfigError(f"data.val_sets must map names to data set nodes (data.val_sets.hard._target_=...), not "
+                          f"{describe(config.val_sets)}")  # fmt: skip
+    sets = {}
+    for name, node in config.val_sets.items():
+        if not re.fullmatch(r"[A-Za-z0-9]+(_[A-Za-z0-9]+)*", str(name)):  # it names figures: val_<name>_<metric>
+            raise ConfigError(f"data.val_sets.{name}: a name of letters, digits and single underscores, please "
+                              "(the figures are val_<name>_<metric>)")  # fmt: skip
+        sets[str(name)] = eval_set(node, f"data.val_sets.{name}")
+    return sets, (eval_set(config.test_set, "data.test_set") if config.test_set is not None else None)
+
+
+def eval_set(node: Any, key: str) -> Dataset:
+    """The map-style data set a node's `_target_` returns; of a (train, val) pair, as the built-in data
+    sets return, its val set."""
+    if not (isinstance(node, Mapping) and "_target_" in node):
+        raise ConfigError(f"{key} must be a node with a _target_ that returns a map-style data set, not "
+                          f"{describe(node)}")  # fmt: skip
+    built = build(node, key)
+    if isinstance(built, tuple) and len(built) == 2 and all(is_split(item) for item in built):
+        built = built[1]
+    if not is_map_style(built) or len(built) == 0:
+        raise ConfigError(f"{key}._target_={node['_target_']} returned {describe(built)}: it must return a "
+                          "non-empty map-style data set (or a (train, val) pair, whose val set is taken)")  # fmt: skip
+    return built
+
+
+def is_split(item: Any) -> bool:
+    """A data set of a (train, val) pair, not an (input, target) item of a two-item set."""
+    return is_map_style(item) and not isinstance(item, tuple | list | torch.Tensor)
