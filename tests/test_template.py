@@ -22,7 +22,7 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 # choice (its UNCHOSEN_FILES, read from the hook itself: one table, not two).
 def template_files() -> set[str]:
     folder = TEMPLATE / "{{cookiecutter.project_slug}}"
-    ignored = {"__pycache__", ".pytest_cache", ".ruff_cache", "outputs", "mutants"}
+    ignored = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", "outputs", "mutants"}
     return {
         str(path.relative_to(folder)).replace("{{cookiecutter.package_name}}", "PKG")
         for path in folder.rglob("*")
@@ -208,6 +208,9 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
     project = bake(tmp_path, {})
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+    # The CI's type check: the package at its [tool.mypy] bar.
+    types = subprocess.run([sys.executable, "-m", "mypy"], cwd=project, capture_output=True, text=True)
+    assert types.returncode == 0, types.stdout[-6000:] + types.stderr[-3000:]
     tests = subprocess.run(
         # The report (test times included) stays in pytest's kept temporary dirs for a look after CI.
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=tests-report.xml"],

@@ -90,8 +90,8 @@ def test_ci_workflow_passes_actionlint_and_runs_the_project_checks(tmp_path: Pat
     assert setup["with"]["python-version"] == python_version
     commands = [step["run"] for step in steps if "run" in step]
     assert commands[0].startswith('python -m pip install -e ".[dev]"')
-    assert commands[1:4] == ["ruff check .", "ruff format --check .", 'python -m pytest -m "not slow"']
-    assert commands[4].startswith("bash scripts/run_single.sh NPROC_PER_NODE=2 "), "one real torchrun job"
+    assert commands[1:5] == ["ruff check .", "ruff format --check .", "mypy", 'python -m pytest -m "not slow"']
+    assert commands[5].startswith("bash scripts/run_single.sh NPROC_PER_NODE=2 "), "one real torchrun job"
 
 
 def test_replay_file_holds_answers_and_no_machine_paths(tmp_path: Path) -> None:
@@ -105,9 +105,8 @@ def test_replay_file_holds_answers_and_no_machine_paths(tmp_path: Path) -> None:
             assert machine_path not in str(value), f"{key}={value!r}"
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: Path) -> None:
-    # The working tree, not HEAD: cruft clones the template, so uncommitted edits must be committed in a copy.
+def template_repo(tmp_path: Path) -> Path:
+    """The working tree, not HEAD: cruft clones the template, so uncommitted edits must be committed in a copy."""
     template = tmp_path / "template"
     ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", ".ruff_cache")
     for folder in ("hooks", "{{cookiecutter.project_slug}}"):
@@ -116,6 +115,12 @@ def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: 
     git(template, "init", "-q")
     git(template, "add", "-A")
     git(template, "commit", "-q", "-m", "template")
+    return template
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: Path) -> None:
+    template = template_repo(tmp_path)
 
     cruft = [sys.executable, "-m", "cruft"]
     created = run([*cruft, "create", str(template), "--no-input", "--output-dir", str(tmp_path)], tmp_path)
@@ -137,6 +142,85 @@ def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: 
     assert line in (project / "README.md").read_text(), updated.stdout + updated.stderr
     assert not list(project.rglob("*.rej")), updated.stdout + updated.stderr
     assert run([*cruft, "check"], project).returncode == 0
+
+
+# A job of a few steps on one process: the update test trains to K, updates, resumes to 2K (mid-epoch).
+TINY_RUN = ["task=classification", "model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=128",
+            "data.val_size=16", "data.batch_size=16", "data.image_size=8", "trainer.epochs=1",
+            "checkpoint.every_n_steps=2"]  # fmt: skip
+
+
+def train_tiny(project: Path, run_dir: Path, steps: int) -> None:
+    command = [sys.executable, "train.py", *TINY_RUN, f"trainer.max_steps={steps}", f"hydra.run.dir={run_dir}"]
+    proc = run(command, project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_cruft_update_keeps_a_users_edits_shows_a_conflict_and_the_run_resumes_exactly(tmp_path: Path) -> None:
+    """docs/updating.md's path on a project its user has edited: edits committed, `cruft update` to a version
+    that renames a file, changes a config value and the README line the user changed too; the edits stay,
+    the conflict shows as git conflict markers, and a run checkpointed before the update resumes bit-exactly."""
+    import torch  # only this test needs it
+
+    template = template_repo(tmp_path)
+    baked = template / "{{cookiecutter.project_slug}}"
+    cruft = [sys.executable, "-m", "cruft"]
+    created = run([*cruft, "create", str(template), "--no-input", "--output-dir", str(tmp_path)], tmp_path)
+    assert created.returncode == 0, created.stdout + created.stderr
+    project = tmp_path / "ddp_project"
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "project")
+
+    # The user's edits, committed (cruft update refuses a tree with uncommitted changes).
+    user_function = "def user_added_function() -> int:\n    return 7\n"
+    with (project / "ddp_project" / "models.py").open("a") as models:
+        models.write(f"\n\n{user_function}")
+    edit(project / "configs" / "data" / "synthetic.yaml", "batch_size: 64", "batch_size: 48")
+    edit(project / "README.md", "# DDP Project\n", "# DDP Project: the user's title\n")
+    (project / "ddp_project" / "user_callbacks.py").write_text('"""The user\'s callbacks."""\n')
+    (project / "configs" / "data" / "user_data.yaml").write_text("train_size: 256\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "the user's edits")
+    run_dir, uninterrupted = tmp_path / "run", tmp_path / "uninterrupted"
+    train_tiny(project, run_dir, 2)
+
+    # Version B: a file the user did not edit renamed, a config value changed, the user's README line changed.
+    git(template, "mv", "{{cookiecutter.project_slug}}/docs/pitfalls.md",
+        "{{cookiecutter.project_slug}}/docs/distributed_pitfalls.md")  # fmt: skip
+    edit(baked / "configs" / "data" / "synthetic.yaml", "val_size: 1000", "val_size: 500")
+    edit(baked / "README.md", "# {{ cookiecutter.project_name }}\n", "# {{ cookiecutter.project_name }} (B)\n")
+    git(template, "commit", "-q", "-am", "version B")
+    assert run([*cruft, "check"], project).returncode != 0, "cruft should see the project is behind"
+
+    updated = run([*cruft, "update", "--skip-apply-ask"], project)
+    report = updated.stdout + updated.stderr
+    assert not (project / "docs" / "pitfalls.md").exists() and (project / "docs" / "distributed_pitfalls.md").is_file()
+    data = (project / "configs" / "data" / "synthetic.yaml").read_text()
+    assert "val_size: 500" in data and "batch_size: 48" in data, report
+    assert user_function in (project / "ddp_project" / "models.py").read_text()
+    assert (project / "ddp_project" / "user_callbacks.py").is_file()
+    assert (project / "configs" / "data" / "user_data.yaml").read_text() == "train_size: 256\n"
+    readme = (project / "README.md").read_text()
+    assert "Applied patch to 'README.md' with conflicts." in report, "cruft names the file it could not merge"
+    assert "<<<<<<<" in readme and "the user's title" in readme and "(B)" in readme, report
+    assert "<<<<<<<" in (project / "docs" / "updating.md").read_text(), "docs/updating.md says what to do"
+
+    train_tiny(project, run_dir, 4)
+    train_tiny(project, uninterrupted, 4)
+    resumed, straight = (torch.load(d / "checkpoints" / "step_00000004.pt", weights_only=True) for d in
+                         (run_dir, uninterrupted))  # fmt: skip
+    assert resumed["model"].keys() == straight["model"].keys()
+    for key, tensor in resumed["model"].items():
+        assert torch.equal(tensor, straight["model"][key]), f"{key} differs after the update's resume"
 
 
 def test_the_templates_own_workflow_passes_actionlint_and_runs_what_ci_runs(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def write_gpt_checkpoint(path: Path, vocab_from: Path) -> GPT:
 
 def test_format_hf_writes_a_gpt2_that_transformers_loads_with_the_same_logits_and_tokenizer(tmp_path, capsys) -> None:
     transformers = pytest.importorskip("transformers")
-    from ddp_project.datasets.tokenizer import save, train_bpe
+    from {{cookiecutter.package_name}}.datasets.tokenizer import save, train_bpe
 
     (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog; " * 50)
     tokenizer = train_bpe([tmp_path / "corpus.txt"], 300)

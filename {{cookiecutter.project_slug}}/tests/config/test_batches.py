@@ -23,7 +23,9 @@ from ..helpers import check_launch_for, compose_config, on_ranks, planned, train
 
 # 100 samples in global batches of 12: 9 steps, the last of 4 (split 4 / 2+2 / 2+1+1 over 1, 2, 3 ranks);
 # a checkpoint every 3 steps, where a stage stops.
-JOB = ["data=synthetic", "data.train_size=100", "data.val_size=8", "data.image_size=8", "data.global_batch_size=12",
+# Named, not the bake's defaults (a bake may default to another model, data set or task).
+BASE = ["task=classification", "model=small_cnn", "data=synthetic"]
+JOB = [*BASE, "data.train_size=100", "data.val_size=8", "data.image_size=8", "data.global_batch_size=12",
        "model._target_=tests.config.test_batches.TinyNet", "model.width=16", "scheduler=constant",
        "scheduler.warmup_epochs=0", "trainer.log_every_n_steps=1", "checkpoint.every_n_steps=3"]  # fmt: skip
 
@@ -56,28 +58,28 @@ def test_a_world_size_that_does_not_divide_the_global_batch_names_those_that_do(
 
 
 def test_without_a_global_batch_the_configured_batch_and_accumulation_stay() -> None:
-    config = to_train_config(compose_config(["data=synthetic", "data.batch_size=7", "trainer.grad_accum_steps=3"]))
+    config = to_train_config(compose_config([*BASE, "data.batch_size=7", "trainer.grad_accum_steps=3"]))
     apply_global_batch(config, 4)
     assert (config.data.global_batch_size, config.data.batch_size, config.trainer.grad_accum_steps) == (None, 7, 3)
 
 
 def test_a_micro_batch_cap_without_a_global_batch_is_refused() -> None:
     with pytest.raises(ConfigError, match="data.micro_batch_size caps the per-process share"):
-        to_train_config(compose_config(["data=synthetic", "data.micro_batch_size=4"]))
+        to_train_config(compose_config([*BASE, "data.micro_batch_size=4"]))
 
 
 def test_the_launcher_refuses_a_global_batch_its_processes_do_not_divide_before_torchrun() -> None:
     with pytest.raises(LaunchError, match="data.global_batch_size=12 does not split evenly among 5 processes"):
-        checked_config(["data=synthetic", "data.global_batch_size=12"], planned("single", "NPROC_PER_NODE=5"))
+        checked_config([*BASE, "data.global_batch_size=12"], planned("single", "NPROC_PER_NODE=5"))
     with pytest.raises(LaunchError, match="among 10 processes: run on"):  # NNODES=1:2 may run on 5 or 10
         elastic = planned("multi", "NPROC_PER_NODE=5", "NNODES=1:2", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1")
-        checked_config(["data.global_batch_size=15"], elastic)
-    checked_config(["data.global_batch_size=10"], planned("single", "NPROC_PER_NODE=5"))
+        checked_config([*BASE, "data.global_batch_size=15"], elastic)
+    checked_config([*BASE, "data.global_batch_size=10"], planned("single", "NPROC_PER_NODE=5"))
 
 
 def test_a_worker_refuses_a_global_batch_its_world_does_not_divide_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not split evenly among 5 processes"):
-        check_launch_for(["data=synthetic", "data.global_batch_size=12"], tmp_path, nproc=5)
+        check_launch_for([*BASE, "data.global_batch_size=12"], tmp_path, nproc=5)
 
 
 def train_to(env: DistEnv, run_dir: Path, overrides: list[str], steps: int) -> dict:

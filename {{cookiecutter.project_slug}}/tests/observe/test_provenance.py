@@ -55,11 +55,11 @@ def dirty_repo(tmp_path: Path, monkeypatch) -> Path:
 def secret_environment(monkeypatch) -> None:
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth0")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    monkeypatch.setenv("WANDB_API_KEY", "secret123")
+    monkeypatch.setenv("HF_TOKEN", "secret123")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-456")
     monkeypatch.setenv("NCCL_PROXY_URL", "http://me:hunter2@proxy:3128")  # allowed name, a password inside
     monkeypatch.setenv("TORCH_HUB_TOKEN", "tok789")  # allowed prefix, a secret's name
-    monkeypatch.setattr(sys, "argv", ["train.py", "trainer.epochs=2", "log.mlflow_password=pw777"])
+    monkeypatch.setattr(sys, "argv", ["train.py", "trainer.epochs=2", "+log.service_password=pw777"])
     monkeypatch.setenv(LAUNCH_COMMAND_ENV, json.dumps(["single", "NPROC_PER_NODE=2", "data.url=s3://k:pw888@b"]))
 
 
@@ -80,8 +80,8 @@ def test_a_dirty_tree_records_its_commit_dirtiness_and_diff_and_no_secret(
     assert record["environment"]["NCCL_SOCKET_IFNAME"] == "eth0" and record["environment"]["OMP_NUM_THREADS"] == "3"
     assert record["environment"]["NCCL_PROXY_URL"] == "http://me:***@proxy:3128"
     assert record["environment"]["TORCH_HUB_TOKEN"] == "***"
-    assert "WANDB_API_KEY" not in text and "AWS_SECRET_ACCESS_KEY" not in text  # never other variables
-    assert record["command"]["argv"] == ["train.py", "trainer.epochs=2", "log.mlflow_password=***"]
+    assert "HF_TOKEN" not in text and "AWS_SECRET_ACCESS_KEY" not in text  # never other variables
+    assert record["command"]["argv"] == ["train.py", "trainer.epochs=2", "+log.service_password=***"]
     assert record["command"]["launcher"] == ["single", "NPROC_PER_NODE=2", "data.url=s3://k:***@b"]
     for secret in SECRETS:
         assert secret not in text, secret

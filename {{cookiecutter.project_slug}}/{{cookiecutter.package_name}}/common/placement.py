@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,7 +74,7 @@ def choose_backend(requested: str, visible_gpus: int, local_world_size: int, mpi
     return BackendChoice(requested, use_cuda=visible_gpus > 0, shared_gpus=visible_gpus > 0 and not enough_gpus)
 
 
-def visible_gpu_count(environ: dict[str, str] | None = None, driver: Path = Path("/proc/driver/nvidia/gpus")) -> int:
+def visible_gpu_count(environ: Mapping[str, str] | None = None, driver: Path = Path("/proc/driver/nvidia/gpus")) -> int:
     """The GPUs a job may use, without importing torch (the launcher's seconds): CUDA_VISIBLE_DEVICES
     when set, else the GPUs NVIDIA's driver lists (or its device files, where /proc does not show them).
     The workers count with torch itself."""

@@ -6,7 +6,7 @@ for a checkpoint (to_plain_dict); an evaluation's config from its checkpoint (co
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -34,7 +34,7 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
     Interpolations are resolved here; a missing value or a failed check becomes a ConfigError.
     """
     try:
-        config = OmegaConf.to_object(cfg)
+        config = cast(TrainConfig, OmegaConf.to_object(cfg))  # the structured schema's dataclass
     except Exception as error:  # OmegaConf's own errors carry the key in their message
         message = str(error).strip().splitlines()[0]
         raise ConfigError(f"invalid configuration: {message}") from None
@@ -79,9 +79,9 @@ def to_plain_dict(config: Any) -> dict[str, Any]:
     the groups as configured, so that the checkpoint's config composes again. What is written of a
     config (checkpoints, config.yaml, trackers) is this: credentials redacted (common/redaction.py)."""
     log = dict(config.log) if isinstance(config.log, LogConfig) else config.log
-    plain = OmegaConf.to_container(OmegaConf.structured(replace(config, log=log)), resolve=True)
+    plain = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(replace(config, log=log)), resolve=True))
     if isinstance(config.data, DataConfig):
-        plain["data"] = config.data.node  # type: ignore[index]
+        plain["data"] = config.data.node
     return redact(plain)
 
 

@@ -88,7 +88,7 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
         if launch.values.get("SUBMIT") or launch.values.get("SUBMIT_ARGS"):
             raise LaunchError("SUBMIT and SUBMIT_ARGS submit a sweep's points: give -m and a sweep, or leave them out")
         if mode == "multi":  # the same path on every node: RUN_DIR, or outputs/RUN_NAME
-            run_dir = Path(launch.values["RUN_DIR"] or Path("outputs") / launch.values["RUN_NAME"])
+            run_dir: Path | None = Path(launch.values["RUN_DIR"] or Path("outputs") / launch.values["RUN_NAME"])
         else:
             run_dir = Path(launch.values["RUN_DIR"]) if launch.values["RUN_DIR"] else None
         return train(launch, args, run_dir, forwarder)

@@ -13,7 +13,6 @@ Checkpoints carry the start's record (`provenance`), and the export writes it be
 
 from __future__ import annotations
 
-import datetime
 import importlib.metadata
 import json
 import logging
@@ -23,6 +22,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,7 @@ def build_record(
     environ = dict(os.environ if environ is None else environ)
     state, diff = git_state(source)
     record = {
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),  # UTC, as isoformat would write it
         "restart": int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),  # torchrun's restarts of this launch
         "git": state,
         "versions": versions(),

@@ -74,7 +74,7 @@ def build(node: Mapping[str, Any], key: str, *args: Any) -> Any:
     except ConfigError:
         raise
     except Exception as error:
-        cause = error
+        cause: BaseException = error
         while cause.__cause__ is not None:  # Hydra wraps the callable's own error
             cause = cause.__cause__
         if isinstance(cause, ConfigError):
