@@ -118,17 +118,24 @@ def template_repo(tmp_path: Path) -> Path:
     return template
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: Path) -> None:
-    template = template_repo(tmp_path)
-
-    cruft = [sys.executable, "-m", "cruft"]
-    created = run([*cruft, "create", str(template), "--no-input", "--output-dir", str(tmp_path)], tmp_path)
+def cruft_project(template: Path, tmp_path: Path) -> Path:
+    """`cruft create` of the template repo with the defaults, committed in a git repository of its own."""
+    created = run([sys.executable, "-m", "cruft", "create", str(template), "--no-input", "--output-dir", str(tmp_path)],
+                  tmp_path)  # fmt: skip
     assert created.returncode == 0, created.stdout + created.stderr
     project = tmp_path / "ddp_project"
     git(project, "init", "-q")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "project")
+    return project
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_cruft_creates_a_project_and_brings_a_template_change_into_it(tmp_path: Path) -> None:
+    template = template_repo(tmp_path)
+
+    cruft = [sys.executable, "-m", "cruft"]
+    project = cruft_project(template, tmp_path)
     assert run([*cruft, "check"], project).returncode == 0
 
     line = "A line the template gained after the project was made."
@@ -173,12 +180,7 @@ def test_cruft_update_keeps_a_users_edits_shows_a_conflict_and_the_run_resumes_e
     template = template_repo(tmp_path)
     baked = template / "{{cookiecutter.project_slug}}"
     cruft = [sys.executable, "-m", "cruft"]
-    created = run([*cruft, "create", str(template), "--no-input", "--output-dir", str(tmp_path)], tmp_path)
-    assert created.returncode == 0, created.stdout + created.stderr
-    project = tmp_path / "ddp_project"
-    git(project, "init", "-q")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "project")
+    project = cruft_project(template, tmp_path)
 
     # The user's edits, committed (cruft update refuses a tree with uncommitted changes).
     user_function = "def user_added_function() -> int:\n    return 7\n"
