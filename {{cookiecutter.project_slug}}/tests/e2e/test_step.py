@@ -1,10 +1,10 @@
-"""Speed options of the training step in real jobs on CPU: accumulation, compile, the benchmark (bf16 and
-channels_last). bf16 accumulation with clipping and channels_last, resumed between optimizer steps bit for
-bit: tests/engine/test_trainer.py."""
+"""Speed options of the training step in real jobs on CPU: compile, the benchmark (bf16 and channels_last).
+Accumulation's one gradient reduction per optimizer step: tests/engine/test_exact_losses.py. bf16
+accumulation with clipping and channels_last, resumed between optimizer steps bit for bit:
+tests/engine/test_trainer.py."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -12,17 +12,7 @@ import pytest
 import torch
 
 from ..helpers import SMALL, run
-from .jobs import last_line, read_metrics, torchrun
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_accumulated_micro_batches_give_the_big_batch_gradient_with_one_all_reduce(strategy: str) -> None:
-    result = json.loads(last_line(torchrun("tests/e2e/accumulation_probe.py", 2, "4", strategy).stdout))
-    assert result["difference"] <= 1e-5 * result["scale"], result
-    one_batch, accumulated = result["calls"]
-    # Once per optimizer step, not once per micro-batch: DDP's buckets, FSDP's two sharded Linears.
-    assert accumulated == one_batch >= 1, "gradients reduced once per optimizer step, not once per micro-batch"
+from .jobs import read_metrics, torchrun
 
 
 @pytest.mark.slow

@@ -6,13 +6,16 @@ single-process PyTorch computation on the same global batch."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.tensor import DTensor
 
 from {{cookiecutter.package_name}}.config import DDPConfig, FSDPConfig, TrainerConfig, to_train_config
@@ -80,9 +83,18 @@ def micro_batches(world_size: int, rank: int, accum: int) -> list[tuple[list[int
     return batches
 
 
-def one_step(env, kind: str, accum: int, strategy: str, clip: float = 0.0, decay: float = 0.0) -> list[torch.Tensor]:  # noqa: ANN001
+def one_step(  # noqa: PLR0913
+    env,  # noqa: ANN001
+    kind: str,
+    accum: int,
+    strategy: str,
+    clip: float = 0.0,
+    decay: float = 0.0,
+    reductions: list | None = None,
+) -> list[torch.Tensor]:
     """The weights' change in one SGD step (lr 1: minus the gradient) through the project's StepRunner;
-    with `decay`, the change of the trainer's EMA of the weights after it too (appended)."""
+    with `decay`, the change of the trainer's EMA of the weights after it too (appended). `reductions`
+    gets a 1 for each gradient reduction the step made (DDP's bucket all-reduces, FSDP's reduce-scatters)."""
     model, task, collate = case(kind)
     before = [p.detach().clone() for p in model.parameters()]
     config = TrainerConfig(
@@ -94,13 +106,17 @@ def one_step(env, kind: str, accum: int, strategy: str, clip: float = 0.0, decay
     model = spread.prepare(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     trained = spread.wrap(model, optimizer)
+    counting: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if reductions is not None:
+        counting = counted(trained, strategy, reductions)
     runner = StepRunner(trained, optimizer, config, env.device, env.world_size, task, spread)  # type: ignore[arg-type]
     ema = EMA(model, decay, start_step=0) if decay else None
     data = items(kind)
     batches = micro_batches(env.world_size, env.rank, accum)
-    for number, (positions, weights) in enumerate(batches, 1):
-        inputs, targets = collate([data[i] for i in positions])
-        runner.micro_step(inputs, targets, torch.tensor(weights), len(LENGTHS), sync=number == len(batches))
+    with counting:
+        for number, (positions, weights) in enumerate(batches, 1):
+            inputs, targets = collate([data[i] for i in positions])
+            runner.micro_step(inputs, targets, torch.tensor(weights), len(LENGTHS), sync=number == len(batches))
     runner.optimizer_step()
     after = [whole(p.detach()) for p in model.parameters()]
     if ema is not None:
@@ -108,6 +124,32 @@ def one_step(env, kind: str, accum: int, strategy: str, clip: float = 0.0, decay
         after += [whole(average) for average in ema.average]
         before += before
     return [b - a for b, a in zip(before, after, strict=True)]
+
+
+@contextlib.contextmanager
+def counted(trained: nn.Module, strategy: str, reductions: list) -> Iterator[None]:
+    """Count the gradient reductions: a comm hook around DDP's all-reduce of each bucket; FSDP's
+    reduce-scatter (it looks torch.distributed's up at each call)."""
+    if strategy == "ddp":
+
+        def counting_allreduce(state, bucket):  # noqa: ANN001, ANN202
+            reductions.append(1)
+            return default_hooks.allreduce_hook(state, bucket)
+
+        trained.register_comm_hook(None, counting_allreduce)  # type: ignore[operator]
+        yield
+        return
+    original = torch.distributed.reduce_scatter_single
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        reductions.append(1)
+        return original(*args, **kwargs)
+
+    torch.distributed.reduce_scatter_single = counting  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.distributed.reduce_scatter_single = original  # type: ignore[assignment]
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -190,6 +232,24 @@ def test_a_step_that_counted_no_items_takes_a_zero_finite_gradient_and_is_known_
     norm = runner.optimizer_step()
     assert total == 0 and norm == 0 and runner.step_count == 0 and runner.step_count.device == CPU.device
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def reductions_per_step(env) -> dict:  # noqa: ANN001
+    """How many gradient reductions one optimizer step makes, of one micro-batch and of two."""
+    counts: dict = {}
+    for strategy, kind in (("ddp", "sample"), ("fsdp", "tokens")):
+        for accum in (1, 2):
+            counts[strategy, accum] = []
+            one_step(env, kind, accum, strategy, reductions=counts[strategy, accum])
+    return {key: len(calls) for key, calls in counts.items()}
+
+
+def test_accumulated_micro_batches_reduce_the_gradients_once_per_optimizer_step() -> None:
+    """`no_sync` (DDP) and `set_requires_gradient_sync(False)` (FSDP) before the last micro-batch: the
+    gradients of two micro-batches cross the network once, as one micro-batch's do. Their values: above."""
+    for counts in on_ranks(2, reductions_per_step):
+        for strategy in ("ddp", "fsdp"):
+            assert counts[strategy, 2] == counts[strategy, 1] >= 1, (strategy, counts)
 
 
 CLIP, DECAY = 0.3, 0.5  # the gradient's norm is 0.93: clipped to a third; the average half way
