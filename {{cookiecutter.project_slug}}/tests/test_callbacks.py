@@ -59,6 +59,7 @@ def freeze_two_steps(env: DistEnv, run_dir: Path, strategy: str) -> list[dict[st
     return [{name: not torch.equal(after[i][name], after[i - 1][name]) for name in after[0]} for i in (1, 2, 3, 4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_frozen_backbone_stays_put_until_its_step_then_trains(tmp_path: Path, strategy: str) -> None:
     moved = on_ranks(2, freeze_two_steps, tmp_path, strategy)[0]

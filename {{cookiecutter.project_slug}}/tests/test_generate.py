@@ -73,6 +73,7 @@ def refused(monkeypatch, capsys, *args: str) -> str:
     return error
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_text_and_another_seed_other_text(
     in_process, checkpoints, monkeypatch, capsys
 ) -> None:
@@ -164,6 +165,7 @@ def test_a_prompt_is_taken_as_plain_text_commas_parentheses_and_null_too(
     assert out.startswith(prompt) and len(out.encode()) > len(prompt.encode()) + 1
 
 
+@pytest.mark.slow
 def test_a_prompt_file_is_read_as_it_is_and_its_mistakes_are_refused_in_one_line(
     in_process, checkpoints, monkeypatch, capsys, tmp_path: Path
 ) -> None:

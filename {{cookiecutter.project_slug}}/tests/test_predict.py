@@ -93,6 +93,7 @@ def predictions_on_rank(env, jobs: list[tuple[object, str]], checkpoint: Path) -
         entry.write_predictions(checkpoint_model(checkpoint, payload, config, env.device), config, env, Path(out))
 
 
+@pytest.mark.slow
 def test_two_ranks_write_the_file_one_rank_writes_bit_for_bit(checkpoint, tmp_path) -> None:
     """Also where a rank has no batch at all (8 samples in one batch of 32: rank 0's share is empty)."""
     register_configs()

@@ -98,6 +98,7 @@ def train_losses(run_dir: Path) -> dict[int, float]:
     return {record["step"]: record["train_loss"] for record in records if record["kind"] == "train"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_run_resumed_on_3_ranks_then_on_1_trains_as_the_uninterrupted_2_rank_run(tmp_path: Path, strategy) -> None:
     """A global batch of 12 on 2 ranks (6 each), stopped at step 3, resumed on 3 ranks (4 each) to step 6,

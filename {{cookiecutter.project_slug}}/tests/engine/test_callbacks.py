@@ -140,6 +140,7 @@ def mean_state(trained: Trainer) -> dict:
     return trained.callbacks.named["mean"].state_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_callbacks_own_state_resumes_bit_exactly_on_each_of_two_ranks(tmp_path: Path, strategy: str) -> None:
     callback = [f"strategy={strategy}", f"+callbacks.mean._target_={HERE}.NoisyMean", "+callbacks.mean.seed=7"]

@@ -80,5 +80,6 @@ def shard_a_whole_tensor(env: DistEnv) -> list[float]:
     return live.to_local().flatten().tolist()
 
 
+@pytest.mark.slow
 def test_a_whole_average_goes_into_each_ranks_shard_of_a_sharded_model() -> None:
     assert on_ranks(2, shard_a_whole_tensor) == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]

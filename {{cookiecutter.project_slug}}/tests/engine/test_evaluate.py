@@ -109,6 +109,7 @@ def fsdp_validation(env, run_dir) -> EvalResult:  # noqa: ANN001
     return build_trainer(to_train_config(compose_config(overrides)), env, run_dir).validate()
 
 
+@pytest.mark.slow
 def test_validation_under_fsdp_runs_as_many_forwards_on_every_rank_and_counts_each_sample_once(tmp_path) -> None:
     first, second = on_ranks(2, fsdp_validation, tmp_path, timeout=60)
     assert first == second and first.samples == 5 and first.metrics["loss"] > 0
@@ -269,6 +270,7 @@ def whole_set_figures() -> dict[str, object]:
             "matrix": confusion_matrix(labels, probs.argmax(axis=1), labels=range(3)).tolist()}  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_epoch_metrics_over_the_gathered_set_equal_scikit_learns_at_world_sizes_1_2_and_3(strategy: str) -> None:
     expected = whole_set_figures()

@@ -189,7 +189,9 @@ def every_form(env) -> dict:  # noqa: ANN001
     return forms
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize(
+    "world_size", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)]
+)
 def test_one_step_of_each_form_of_loss_is_the_plain_gradient_of_the_global_batch(world_size: int) -> None:
     if world_size == 3:  # the case has a padding sample: the second round of 2 samples for 3 ranks
         assert micro_batches(3, 2, 2)[1] == ([0], [0.0])
@@ -259,6 +261,7 @@ def pair_loss_clipped_with_ema(env) -> list[torch.Tensor]:  # noqa: ANN001
     return one_step(env, "tokens", 2, "fsdp", clip=CLIP, decay=DECAY)
 
 
+@pytest.mark.slow
 def test_a_pair_loss_under_fsdp_with_accumulation_clipping_and_ema_is_the_plain_computation() -> None:
     """The (total, count) loss's gradient is rescaled to the global count before clipping: clipping then
     sees the true gradient's norm, and the EMA averages the weights that step made (a rescale after the

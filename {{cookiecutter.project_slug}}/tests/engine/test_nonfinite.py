@@ -79,6 +79,7 @@ def relaunched(env: DistEnv, run_dirs: list[Path]) -> list[dict]:
     return ends
 
 
+@pytest.mark.slow
 def test_a_poisoned_sample_is_named_and_relaunches_that_skip_it_train_past_it_alike_on_2_and_3_ranks(tmp_path) -> None:
     failed = tmp_path / "failed"
     ranks = on_ranks(2, diverging, failed)

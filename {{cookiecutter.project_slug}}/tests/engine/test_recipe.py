@@ -82,6 +82,7 @@ def recipe_on_two_ranks(env: DistEnv, tmp_path: Path, strategy: str) -> dict:
     return ends
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_ema_and_the_recipe_resume_exactly_on_two_ranks(tmp_path: Path, strategy: str) -> None:
     ranks = on_ranks(2, recipe_on_two_ranks, tmp_path, strategy)
@@ -123,6 +124,7 @@ def first_stop(figures: list[tuple[int, float]], patience: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_early_stopping_ends_every_rank_at_the_step_the_global_figures_decide(tmp_path: Path) -> None:
     ranks = on_ranks(2, stop_early, tmp_path)
     (by_rule, by_figures), other = ranks[0], ranks[1]
@@ -254,6 +256,7 @@ def trained_and_tested(env: DistEnv, run_dir: Path) -> tuple[list[dict], int]:
     return records, run.state.step
 
 
+@pytest.mark.slow
 def test_the_test_set_is_evaluated_once_at_the_end_with_the_best_weights_at_any_world_size(tmp_path: Path) -> None:
     records, last = trained_and_tested(CPU, tmp_path / "one")
     tests = [record for record in records if record["kind"] == "test"]

@@ -126,6 +126,7 @@ def continue_on_another_world_size(env: DistEnv, run_dir: Path, overrides: list[
     return ends
 
 
+@pytest.mark.slow
 def test_a_model_with_buffers_resumes_under_fsdp_on_another_world_size_bit_exactly_each_sample_once(
     tmp_path: Path,
 ) -> None:

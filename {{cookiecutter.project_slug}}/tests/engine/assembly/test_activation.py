@@ -73,6 +73,7 @@ def one_step(env, tmp_path, strategy: str) -> dict:
     return ends
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_under_each_strategy_a_step_with_recomputation_is_the_step_without(tmp_path, strategy: str) -> None:
     from ...helpers import on_ranks

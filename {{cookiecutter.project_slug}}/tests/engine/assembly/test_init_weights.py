@@ -150,6 +150,7 @@ def ema_folder(tmp_path_factory) -> Path:
     return run_dir / "checkpoints" / "step_00000002"
 
 
+@pytest.mark.slow
 def test_a_folder_of_shards_that_kept_an_ema_gives_its_average(ema_folder: Path) -> None:
     from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
 
@@ -159,6 +160,7 @@ def test_a_folder_of_shards_that_kept_an_ema_gives_its_average(ema_folder: Path)
     assert not all(torch.equal(whole["model"][name], whole["ema"][name]) for name in whole["ema"]), "not the weights"
 
 
+@pytest.mark.slow
 def test_fine_tuning_under_ddp_and_fsdp_starts_from_the_weights_but_the_new_head(ema_folder, tmp_path) -> None:
     """Two ranks; under ddp from the folder's .safetensors export, under fsdp from the folder itself."""
     from {{cookiecutter.package_name}}.export import export

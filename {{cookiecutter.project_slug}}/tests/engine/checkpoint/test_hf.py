@@ -118,6 +118,7 @@ def fine_tune(env: DistEnv, folder: Path, run_dir: Path) -> dict[str, dict[str, 
     return started
 
 
+@pytest.mark.slow
 def test_a_gpt2_made_by_transformers_is_fine_tuned_under_ddp_and_fsdp(hf_gpt2: Path, tmp_path: Path) -> None:
     started = on_ranks(2, fine_tune, hf_gpt2, tmp_path)[0]
     tokens = torch.randint(0, 256, (2, 64))

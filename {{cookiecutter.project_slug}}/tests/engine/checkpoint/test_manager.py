@@ -120,6 +120,7 @@ def resume_past_a_corrupt_shard(env, run_dir: Path) -> tuple[int, list[str]]:
     return resumed.state.step, heard
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_that_does_not_load_is_set_aside_for_the_one_before(tmp_path: Path) -> None:
     for step, heard in on_ranks(2, resume_past_a_corrupt_shard, tmp_path, timeout=60):
         assert step == 2, "resumed from the checkpoint before"

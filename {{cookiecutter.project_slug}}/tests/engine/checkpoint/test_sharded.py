@@ -166,6 +166,7 @@ def save_sharded(env: DistEnv, tmp_path: Path) -> dict[str, dict[str, torch.Tens
     return live
 
 
+@pytest.mark.slow
 def test_two_ranks_shards_read_back_whole_are_the_live_weights_and_load_into_a_plain_model(tmp_path: Path) -> None:
     live = on_ranks(2, save_sharded, tmp_path)[0]
     plain, averaged = (tmp_path / name / "checkpoints" / "step_00000001" for name in ("plain", "ema"))
@@ -240,6 +241,7 @@ def ddp_into_fsdp(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_a_ddp_checkpoint_loads_into_a_sharded_model_and_optimizer_each_parameter_by_its_number(
     tmp_path: Path,
 ) -> None:
@@ -294,6 +296,7 @@ def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
             "refused": refused, "written": written, "said": [line.getMessage() for line in lines.buffer]}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_path: Path) -> None:
     result = on_ranks(1, save_to_a_store, tmp_path)[0]
     assert result["saved"] == [True, False] and result["last"] == 2, "a step is saved once"

@@ -34,6 +34,7 @@ def state(step: int) -> dict:
             "samples_in_epoch": step}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk(s3_server, tmp_path: Path) -> None:
     url = f"{s3_server.bucket()}/runs/a"
     check_reachable(url, "checkpoint.dir")  # what the launcher asks before torchrun (tests/common/test_storage.py)
@@ -68,6 +69,7 @@ def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk
         never.refuse_to_overwrite()
 
 
+@pytest.mark.slow
 def test_a_store_that_stops_answering_is_retried_then_one_line_says_it_cannot_be_listed(
     s3_server, tmp_path, monkeypatch
 ) -> None:

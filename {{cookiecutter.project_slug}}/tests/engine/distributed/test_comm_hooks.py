@@ -50,6 +50,7 @@ def gradient_under_hook(env: DistEnv, config: DDPConfig) -> dict:
             "hook": ddp._get_ddp_logging_data().get("comm_hook", "")}  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("hook", "dtype"), [("fp16", torch.float16), ("bf16", torch.bfloat16)])
 def test_a_compressed_gradient_is_the_average_rounded_to_its_dtype(hook: str, dtype: torch.dtype) -> None:
     ranks = on_ranks(2, gradient_under_hook, ddp_config(f"ddp.comm_hook={hook}"))
@@ -148,6 +149,7 @@ def assert_same(a: object, b: object, where: str) -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+@pytest.mark.slow
 def test_powersgd_state_round_trips_and_a_resumed_model_steps_as_the_uninterrupted_one() -> None:
     config = ddp_config("ddp.comm_hook=powersgd", "ddp.powersgd_rank=2", "ddp.powersgd_start_iter=2")
     ranks = on_ranks(2, powersgd_through_a_checkpoint, config)

@@ -94,6 +94,7 @@ def test_each_torchrun_restart_gets_a_key_space_of_its_own_in_the_agents_store(m
     assert server.get("restart_0/addr") == b"y"
 
 
+@pytest.mark.slow
 def test_a_nodes_refusal_reaches_the_ranks_of_other_nodes_waiting_for_the_group(monkeypatch) -> None:
     """Node 1 refuses the job as it starts; node 0's ranks, waiting in init_process_group for it, read its
     line from the workers' store within a second (not after dist.timeout_s); once the group has formed,

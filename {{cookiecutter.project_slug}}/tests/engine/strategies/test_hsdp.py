@@ -46,6 +46,7 @@ def train_kill_resume(env: DistEnv, run_dir: Path) -> dict:
     return found
 
 
+@pytest.mark.slow
 def test_four_ranks_as_two_nodes_shard_within_a_node_replicate_across_and_resume_bit_exactly(tmp_path: Path) -> None:
     ranks = on_ranks(4, train_kill_resume, tmp_path)
     first = ranks[0]
