@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -65,7 +66,7 @@ def check_subgroup(env: DistEnv) -> str:
     group = dist.new_group(ranks=evens)  # every rank must take part in creating it
     if env.rank in evens:
         value = torch.ones(16, device=env.device)
-        dist.all_reduce(value, group=group)
+        dist.all_reduce(value, group=cast(dist.ProcessGroup, group))  # a member: not NON_GROUP_MEMBER
         expect(bool(torch.all(value == len(evens))), f"sum {value[0].item()} != {len(evens)}")
     dist.barrier()
     return f"all_reduce in new_group(ranks={evens})"
@@ -105,7 +106,7 @@ def bus_bandwidth(env: DistEnv, size_bytes: int, iterations: int) -> tuple[float
 
 
 def where_ranks_run(env: DistEnv) -> list[str]:
-    rows: list[object] = [None] * env.world_size
+    rows: list[Any] = [None] * env.world_size
     dist.all_gather_object(rows, (env.rank, socket.gethostname(), env.local_rank, str(env.device), env.backend))
     return [f"{r:>4}  {host:<20} {local:>10}  {device:<8} {backend}" for r, host, local, device, backend in rows]
 

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import hydra
 import torch
@@ -66,12 +67,13 @@ def run_predict(cfg: DictConfig) -> None:
 
     def body() -> None:
         out = output_path(cfg)
-        path, payload, config = checkpoint_config(cfg, "predict")
+        path, payload, composed = checkpoint_config(cfg, "predict")
+        config = cast(PredictConfig, composed)  # composed on predict.yaml, whose schema PredictConfig is
         prediction_kind(build_task(config.task), config)  # a predict_as the task has not: before any work
         process_env(config.dist)
         with distributed(config.dist) as env:
             setup_logging(None, env, config.log.all_ranks_console)
-            write_predictions(checkpoint_model(path, payload, config, env.device), config, env, out)  # type: ignore[arg-type]
+            write_predictions(checkpoint_model(path, payload, config, env.device), config, env, out)
             log.info("predicted %s (step %d) on %d processes", path, payload["step"], env.world_size)
 
     reporting_user_errors(body)
@@ -196,7 +198,7 @@ def predict(
     indices, outputs, lengths = [], [], []
     for inputs, targets, _, batch_indices in loader:
         result = model_forward(model, to_device(inputs, device))
-        result = task.predict(result, kind) if kind is not None else result
+        result = cast(Any, task).predict(result, kind) if kind is not None else result  # a kind: it has predict
         if not isinstance(result, torch.Tensor):
             raise ConfigError(
                 f"the model's outputs are {type(result).__name__}, not a tensor: give the task a predict method "

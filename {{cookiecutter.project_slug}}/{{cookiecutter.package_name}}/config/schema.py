@@ -1,8 +1,7 @@
 """Typed schema of the configuration: types and rules live here; each key's default and its one-line
 meaning live in configs/train.yaml (and the group files), nowhere else. Every yaml file under configs/
 extends one of these dataclasses, so Hydra rejects a wrong type at composition time; each section's
-`check()` runs before any work (compose.py).
-"""
+`check()` runs before any work (compose.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +59,8 @@ class DataConfig:
             augment=flag("data.augment", node.get("augment", False)),
             on_device=flag("data.on_device", node.get("on_device", False)),
             collate=collate_node(node.get("collate")),
-            **{"val_sets": node.get("val_sets") or {}, "test_set": node.get("test_set")},  # data/loader.py checks
+            val_sets=node.get("val_sets") or {},  # data/loader.py checks these two
+            test_set=node.get("test_set"),
             **global_batch_keys(node),
             node=node,
         )
@@ -235,12 +235,12 @@ class LogConfig(dict):
         for key, value in node.items():
             require(key in declared, f"log.{key} is not a setting of this project: remove it, or see "
                                      "configs/train.yaml for the keys")  # fmt: skip
-            kind = type(declared[key])  # type: ignore[index]
+            kind = type(declared[key])
             require(
                 isinstance(value, kind) and (kind is bool or not isinstance(value, bool)),
                 f"log.{key} must be {'true or false' if kind is bool else f'a {kind.__name__}'}, got {value!r}",
             )
-        return cls({**declared, **node})  # type: ignore[dict-item]
+        return cls({**declared, **node})
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -73,9 +73,10 @@ def shard_like(whole: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     mesh = getattr(live, "device_mesh", None)
     if mesh is None or getattr(whole, "device_mesh", None) is not None:
         return whole
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    return distribute_tensor(whole.to(local(live).device), mesh, live.placements, src_data_rank=None)
+    placements = cast(DTensor, live).placements  # a DTensor: it has a mesh
+    return distribute_tensor(whole.to(local(live).device), mesh, placements, src_data_rank=None)
 
 
 class NoEMA:

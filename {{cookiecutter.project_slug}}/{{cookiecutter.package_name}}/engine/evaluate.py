@@ -72,7 +72,8 @@ def evaluate(
     sums: torch.Tensor | None = None  # per name: the values' (or the totals') sum, then their count
     samples = torch.zeros((), dtype=torch.float64, device=device)
     forwards = max(all_gather_int(len(loader), device)) if lockstep else len(loader)
-    batches, filler, epoch = iter(loader), None, EpochState.of(task)
+    batches, epoch = iter(loader), EpochState.of(task)
+    filler: Any = None  # a batch of the set's first sample, once this rank's shard has run out
 
     for _ in range(max(forwards, 1)):  # one forward at least: an empty shard learns the metric names
         batch = next(batches, None)
@@ -90,10 +91,11 @@ def evaluate(
             size = len(batch[2])  # its samples (their weights)
             sums += torch.stack([summed(values[name], size) for name in names], dim=1)
             samples += size
+    assert sums is not None  # the loop ran once at least
     all_reduce_sum(sums)
     all_reduce_sum(samples)
     model.train(was_training)
-    totals, counts = sums.tolist()  # type: ignore[union-attr]
+    totals, counts = sums.tolist()
     means = {name: total / count if count else math.nan  # nothing counted: no figure (a 0 would rank best)
              for name, total, count in zip(names, totals, counts, strict=True)}  # fmt: skip
     figures = summarised(task, means)
@@ -186,7 +188,7 @@ class EpochState:
         """Every sample's epoch_outputs, on the host, in sample order (by their set indices)."""
         indices = torch.cat(self.indices) if self.indices else torch.zeros(0, dtype=torch.int64)
         mine = {"indices": indices, "values": {name: torch.cat(parts).cpu() for name, parts in self.kept.items()}}
-        pieces = all_gather_tensors(mine, device) if across_ranks else [mine]
+        pieces: list[dict[str, Any]] = all_gather_tensors(mine, device) if across_ranks else [mine]
         pieces = [piece for piece in pieces if len(piece["indices"])]  # a rank with no sample sends none
         if not pieces:
             return dict(self.empty)

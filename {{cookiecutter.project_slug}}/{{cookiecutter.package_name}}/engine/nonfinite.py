@@ -87,9 +87,10 @@ class NonFiniteWatch:
         batches, positions = kept.get(first_step + grad_steps, ([], None))
         if parameter >= 0 and positions is not None:  # its place among the step's gradients: the runner's order
             parameter = positions[parameter] if parameter < len(positions) else -1
-        mine = {"rank": env.rank, "finite_steps": [loss_steps, grad_steps], "parameter": parameter, "indices": {}}
+        indices: dict[str, list[int]] = {}
+        mine = {"rank": env.rank, "finite_steps": [loss_steps, grad_steps], "parameter": parameter, "indices": indices}
         for step, (batches, _) in kept.items():
-            mine["indices"][str(step)] = [i for idx, weights in batches for i in idx[weights.cpu() > 0].tolist()]
+            indices[str(step)] = [i for idx, weights in batches for i in idx[weights.cpu() > 0].tolist()]
         ranks = [json.loads(data) for data in all_gather_bytes(json.dumps(mine).encode(), env.device)]
         record = findings(ranks, names, first_step, epoch)
         path = run_dir / NONFINITE_FILE

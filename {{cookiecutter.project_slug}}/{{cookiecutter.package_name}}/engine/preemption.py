@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 from types import FrameType
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,7 @@ class StopOnSigterm:
         self.received = 0
         self.agreed = 0  # the signal all ranks agreed on, at the same step
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
-        self._group = dist.new_group(backend="gloo") if is_distributed() else None
+        self._group = cast(dist.ProcessGroup, dist.new_group(backend="gloo")) if is_distributed() else None  # all ranks
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._pending: dist.Work | None = None
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 import torch
 from torch import nn
@@ -60,6 +60,9 @@ from .preemption import StopOnSigterm
 from .schedule import Schedule
 from .state import TrainState, run_finished
 from .strategies import Strategy
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +171,8 @@ class Trainer:
         config, state, sampler = self.config, self.state, self.data.sampler
         sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
         sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
-        interval = Interval(*(torch.zeros((), device=self.env.device) for _ in range(3)))  # loss, items, empty
+        loss_sum, items, empty = (torch.zeros((), device=self.env.device) for _ in range(3))
+        interval = Interval(loss_sum, items, empty)
         batches: Any = self.data.train_loader
         bar = None
         if use_progress_bar(self.env):
@@ -530,7 +534,7 @@ class StepRunner:
         self.grad_positions = None if len(positions) == len(self.params) else positions
         grads = [self.params[i].grad for i in positions]
         if grads:
-            found = first_nonfinite([g.to_local() if is_sharded(g) else g for g in grads], self.device)  # type: ignore
+            found = first_nonfinite([g.to_local() if is_sharded(g) else g for g in grads], self.device)
             self.bad_parameter = torch.where(self.bad_parameter < 0, found, self.bad_parameter)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -588,7 +592,7 @@ def optimizer_steps(
         left, samples_done = left - count, samples_done + real_samples
 
 
-def is_sharded(tensor: object) -> bool:
+def is_sharded(tensor: object) -> TypeGuard[DTensor]:
     """A DTensor: fsdp's and hsdp's sharded gradients and norms. Asked without importing
     torch.distributed.tensor (a second of the start of eval.py, predict.py and a one-process run; a
     DDP or sharded job imports it anyway)."""

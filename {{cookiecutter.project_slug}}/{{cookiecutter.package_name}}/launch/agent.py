@@ -47,13 +47,15 @@ def stores_listening_on(address: str) -> Any:
 def bind_stores(address: str) -> None:
     """Every store torchrun's agent serves (the rendezvous's, the static one, the workers') on `address`."""
     store = stores_listening_on(address)
-    c10d_rendezvous_backend.TCPStore = store
-    static_tcp_rendezvous.TCPStore = store
+    # Patches of torchrun's modules, which their types do not allow: a function for a class, a method replaced.
+    c10d_rendezvous_backend.TCPStore = store  # type: ignore[misc]
+    static_tcp_rendezvous.TCPStore = store  # type: ignore[misc]
 
     def bootstrap_store(self: Any, master_addr: str, master_port: int) -> TCPStore:
         return store(host_name=master_addr, port=master_port, is_master=True, multi_tenant=True)
 
-    dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = bootstrap_store
+    handler = dynamic_rendezvous.DynamicRendezvousHandler
+    handler._create_tcp_store_server = bootstrap_store  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from .checks import describe_composition_error
 from .job import run_point
@@ -11,7 +12,11 @@ from .keys import LaunchError
 from .plan import Launch
 from .supervise import Forwarder
 
-OPTUNA_SETTINGS = {"n_trials": 10, "direction": "minimize", "metric": "val_loss", "seed": 0}
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
+    from optuna.distributions import BaseDistribution
+
+OPTUNA_SETTINGS: dict[str, Any] = {"n_trials": 10, "direction": "minimize", "metric": "val_loss", "seed": 0}
 
 
 def optuna_sweep(launch: Launch, overrides: list[str], sweep_dir: Path, forwarder: Forwarder) -> list[dict]:
@@ -39,13 +44,13 @@ def optuna_sweep(launch: Launch, overrides: list[str], sweep_dir: Path, forwarde
         parsed = OverridesParser.create().parse_overrides(plain)
     except Exception as error:
         raise LaunchError(describe_composition_error(error)) from None
-    fixed = [override.input_line for override in parsed if not override.is_sweep_override()]
+    fixed = [cast(str, override.input_line) for override in parsed if not override.is_sweep_override()]
     space = {override.get_key_element(): distribution(override) for override in parsed if override.is_sweep_override()}
     if not space:
         raise LaunchError("hydra/sweeper=optuna found no search space: give e.g. 'optim.lr=interval(0.01,0.2)'")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        direction=str(settings["direction"]), sampler=optuna.samplers.TPESampler(seed=int(settings["seed"]))
+        direction=settings["direction"], sampler=optuna.samplers.TPESampler(seed=int(settings["seed"]))
     )
     print(f"sweep dir: {sweep_dir} (optuna, {settings['n_trials']} trials)", flush=True)
     rows = []
@@ -74,12 +79,12 @@ def optuna_sweep(launch: Launch, overrides: list[str], sweep_dir: Path, forwarde
     return rows
 
 
-def distribution(override: object) -> object:
+def distribution(override: Override) -> BaseDistribution:
     """Optuna's distribution for a Hydra sweep override."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    sweep = override.value()  # type: ignore[attr-defined]
+    sweep = override.value()
     if isinstance(sweep, IntervalSweep):
         log = "log" in sweep.tags
         if isinstance(sweep.start, int) and isinstance(sweep.end, int):
@@ -91,5 +96,5 @@ def distribution(override: object) -> object:
             return IntDistribution(values[0], values[-1], step=values[1] - values[0])
         return CategoricalDistribution(values)
     if isinstance(sweep, ChoiceSweep):
-        return CategoricalDistribution([item for item in sweep.list])
+        return CategoricalDistribution(cast(list[Any], sweep.list))  # Optuna warns of a choice it cannot store
     raise LaunchError(f"{override}: not a search space Optuna can sample")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
+from typing import cast
 
 from .checks import describe_composition_error
 from .job import new_dir, run_point
@@ -30,7 +31,7 @@ def sweep_points(overrides: list[str]) -> list[list[str]]:
         if override.is_sweep_override():
             axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
         else:
-            axes.append([override.input_line])
+            axes.append([cast(str, override.input_line)])  # set by the parser
     return [list(point) for point in itertools.product(*axes)]
 
 

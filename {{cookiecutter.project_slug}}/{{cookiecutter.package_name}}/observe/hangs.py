@@ -205,7 +205,7 @@ class StallWatch:
         timed_out = is_timeout(error)
         try:
             if timed_out:
-                self.store.append("waited", f"{self.rank}:{self.step},")
+                self.store.append("waited", f"{self.rank}:{self.step},")  # type: ignore[attr-defined]  # not in stubs
                 before = self.read_beats()
                 deadline = time.monotonic() + self.grace_s
                 while time.monotonic() < deadline and len(self.read_waited()) < self.world_size:

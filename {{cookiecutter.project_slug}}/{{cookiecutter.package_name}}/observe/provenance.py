@@ -226,7 +226,7 @@ def write_export_record(checkpoint: Path, payload: dict[str, Any], out: Path, we
     of its run dir's provenance.json (a checkpoint from before records lies in <run dir>/checkpoints/)."""
     run = payload.get("provenance") or None
     if run is None and checkpoint.parent.name == "checkpoints":
-        run = (read_records(checkpoint.parent.parent) or [None])[-1]
+        run = records[-1] if (records := read_records(checkpoint.parent.parent)) else None
     if run is None:
         log.warning("%s: %s", checkpoint, summary(None))
     record = {"checkpoint": str(checkpoint), "step": payload.get("step"), "weights": weights, "run": run}

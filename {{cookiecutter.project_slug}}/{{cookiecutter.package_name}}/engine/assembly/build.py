@@ -7,6 +7,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ def prepare_model(config: TrainConfig, env: DistEnv, strategy: Strategy, has_che
     if config.trainer.activation_checkpointing:
         checkpoint_activations(model, config.fsdp.blocks)
     layout = torch.channels_last if config.trainer.channels_last else torch.preserve_format
-    return strategy.prepare(model.to(env.device, memory_format=layout))
+    return strategy.prepare(model.to(env.device, memory_format=layout))  # type: ignore[call-overload]  # stubs lack it
 
 
 def build_schedule(config: TrainConfig, optimizer: torch.optim.Optimizer, data: Data) -> Schedule:
@@ -124,7 +125,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
         env.world_size, config.data.batch_size, config.trainer.grad_accum_steps,
     )  # fmt: skip
     # The compiled module shares the model's parameters; checkpoints keep the plain model's names.
-    trained = strategy.wrap(torch.compile(model) if config.trainer.compile else model, optimizer)
+    trained = strategy.wrap(cast(nn.Module, torch.compile(model)) if config.trainer.compile else model, optimizer)
     runner = StepRunner(trained, optimizer, config.trainer, env.device, env.world_size, task, strategy)
     state, generators = TrainState(), RankGenerators(config.seed, env)
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)

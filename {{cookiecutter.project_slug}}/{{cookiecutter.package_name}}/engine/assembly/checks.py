@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import default_collate
@@ -94,7 +95,7 @@ def check_components(config: TrainConfig) -> torch.nn.Module:
     collate = build_collate(config.data)
     try:
         items = []
-        for index in (0, len(train) - 1):
+        for index in (0, len(cast(Sized, train)) - 1):  # map-style: build_datasets checks
             with building_sample(0, 0, index):
                 items.append(train[index])
             if not (isinstance(items[-1], tuple | list) and len(items[-1]) == 2):

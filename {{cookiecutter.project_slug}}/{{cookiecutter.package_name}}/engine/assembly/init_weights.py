@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,7 +52,7 @@ def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None
             raise ConfigError(f"model.init_from={path}: not a folder of shards that loads ({error})"[:300]) from None
     try:
         safetensors = path.suffix == ".safetensors"
-        payload = load_safetensors(path) if safetensors else torch.load(path, "cpu", weights_only=True)
+        payload: Any = load_safetensors(path) if safetensors else torch.load(path, "cpu", weights_only=True)
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise ConfigError(f"model.init_from={path} does not load as tensors and plain values ({first})") from None

@@ -18,13 +18,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ...common.errors import ConfigError
-from ...models import GPT
+from ...models import GPT, Block
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 BLOCK = {  # a block's module: GPT-2's, and whether its weight is a Conv1D's (transposed)
@@ -57,9 +57,10 @@ def names(layers: int) -> list[tuple[str, str, bool]]:
 
 def sizes(model: GPT) -> dict[str, Any]:
     """The GPT's settings that GPT-2's config states, by the GPT's own names."""
-    return {"width": model.head.in_features, "layers": len(model.blocks), "heads": model.blocks[0].attention.heads,
+    block = cast(Block, model.blocks[0])
+    return {"width": model.head.in_features, "layers": len(model.blocks), "heads": block.attention.heads,
             "vocab_size": model.head.out_features, "block_size": model.position_embedding.num_embeddings,
-            "gelu": "tanh" if model.blocks[0].mlp[1].approximate == "tanh" else "exact"}  # fmt: skip
+            "gelu": "tanh" if cast(nn.GELU, block.mlp[1]).approximate == "tanh" else "exact"}  # fmt: skip
 
 
 def to_gpt2(model: nn.Module) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -22,7 +22,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -140,7 +140,7 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights:
     set_model_state_dict(model, weights, options=options)
     names = {parameter: name for name, parameter in model.named_parameters()}
     order = [names[parameter] for group in optimizer.param_groups for parameter in group["params"]]
-    by_name = {
+    by_name: dict[str, Any] = {
         "state": {order[number]: state for number, state in optimizer_state["state"].items()},
         "param_groups": [
             {**group, "params": [order[number] for number in group["params"]]}
@@ -223,8 +223,8 @@ class ShardedCheckpointer(Checkpointer):
 
     def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool) -> None:
         super().__init__(folder, config, is_writer, fetches=True)  # every rank reads its part of a resume
-        # DCP's collectives in the background must not interleave with training's: their own group.
-        self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        # DCP's collectives in the background must not interleave with training's: their own group (of all ranks).
+        self._group = cast(dist.ProcessGroup, dist.new_group(backend="gloo")) if dist.is_initialized() else None
         self._future: Any = None
         if dist.is_initialized():
             dist.barrier()  # the folder exists and the leftovers are gone before anyone writes

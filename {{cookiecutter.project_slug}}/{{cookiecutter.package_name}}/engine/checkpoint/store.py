@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -119,7 +120,7 @@ class CheckpointStore:
             chosen = sorted(files if files is not None else os.listdir(local), key=lambda item: item == TRAINER_FILE)
             for item in chosen:
                 source, target = str(local / item), f"{self.root}/{name}/{item}"
-                self.retrying(f"saving {name}/{item}", lambda s=source, t=target: self.fs.put_file(s, t))
+                self.retrying(f"saving {name}/{item}", partial(self.fs.put_file, source, target))
         if files is None or TRAINER_FILE in files:
             self.last_uploaded = name
             log.info("checkpoint %s is in %s", name, self.shown)

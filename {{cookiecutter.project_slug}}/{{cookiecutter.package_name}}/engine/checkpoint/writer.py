@@ -218,7 +218,7 @@ class Checkpointer(Ownership):
         candidates.sort(key=lambda item: (-item[0], item[1]))  # the newest first; on a tie the local copy
         for _, in_store, name in candidates:
             if in_store:
-                found = self.readable(self.store.download(name, self.folder))  # type: ignore[union-attr]
+                found = self.readable(self.store.download(name, self.folder))
             elif self.store is not None and not self.holds_every_shard(self.folder / name):
                 continue  # another node's shards are only in the store: the store's copy of the step, next
             else:

@@ -69,7 +69,7 @@ class KeyedDataset(Dataset):
         inputs, target = item
         if self.transform is not None and epoch != EVAL_EPOCH:
             inputs = self.transform(inputs, self.seed, epoch, index)
-        return Batch(inputs, target, weight, index)  # collated into a Batch of tensors
+        return Batch(inputs, target, weight, index)  # type: ignore[arg-type]  # numbers, collated into tensors
 
 
 class KeyedCollate:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from ...common.placement import DistEnv
 from ...datasets.randomness import MASK64, sample_seed
@@ -50,7 +50,8 @@ class ResumableDistributedSampler(DistributedSampler):
         shard_sizes: Sequence[int] = (),
         shard_window: int = 1,
     ) -> None:
-        super().__init__(range(dataset_size), num_replicas=env.world_size, rank=env.rank, seed=seed)
+        # DistributedSampler reads only the len() of its data set: a range stands in for it
+        super().__init__(cast(Dataset, range(dataset_size)), num_replicas=env.world_size, rank=env.rank, seed=seed)
         self.dataset_size = dataset_size
         self.batch_size = batch_size
         self.start = 0
@@ -109,7 +110,7 @@ class ResumableDistributedSampler(DistributedSampler):
         base, extra = divmod(chunk_size, self.num_replicas)
         return self.rank * base + min(self.rank, extra), base + (1 if self.rank < extra else 0)
 
-    def __iter__(self) -> Iterator[TrainKey]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[TrainKey]:
         order = self.epoch_order()[self.start :].tolist()
         for begin in range(0, len(order), self.global_batch_size):
             chunk = order[begin : begin + self.global_batch_size]

@@ -31,8 +31,8 @@ def register_comm_hook(model: nn.Module, config: DDPConfig, env: DistEnv) -> Any
         return None
     log.info("DDP communication hook: %s", config.comm_hook)
     if config.comm_hook in ("fp16", "bf16"):
-        hook = default_hooks.fp16_compress_hook if config.comm_hook == "fp16" else default_hooks.bf16_compress_hook
-        model.register_comm_hook(None, hook)
+        compress = default_hooks.fp16_compress_hook if config.comm_hook == "fp16" else default_hooks.bf16_compress_hook
+        model.register_comm_hook(None, compress)
         return None
     state = powerSGD_hook.PowerSGDState(
         process_group=None,

@@ -32,6 +32,7 @@ def wrap_ddp(model: nn.Module, config: DDPConfig, env: DistEnv) -> nn.Module:
         return model
     # Newer torch renames broadcast_buffers (same meaning here: sync buffers at every forward).
     renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    sync: dict[str, Any] = {"forward_sync_buffers" if renamed else "broadcast_buffers": config.broadcast_buffers}
     return DistributedDataParallel(
         model,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -39,7 +40,7 @@ def wrap_ddp(model: nn.Module, config: DDPConfig, env: DistEnv) -> nn.Module:
         gradient_as_bucket_view=config.gradient_as_bucket_view,
         static_graph=config.static_graph,
         find_unused_parameters=config.find_unused_parameters,
-        **{"forward_sync_buffers" if renamed else "broadcast_buffers": config.broadcast_buffers},
+        **sync,
     )
 
 

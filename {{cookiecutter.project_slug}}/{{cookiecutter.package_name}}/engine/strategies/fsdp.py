@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ def find_blocks(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
         return [module for module in model.modules() if type(module).__name__ in class_names]
     stages = [getattr(model, name, None) for name in ("layer1", "layer2", "layer3", "layer4")]
     if all(isinstance(stage, nn.Module) for stage in stages):
-        return stages
+        return cast(list[nn.Module], stages)
     return [item for module in model.modules() if isinstance(module, nn.ModuleList) for item in module]
 
 
@@ -141,7 +141,8 @@ class FSDP(Strategy):
         assert self.model is not None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # a full state dict: tensors alone
+        return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -236,6 +236,7 @@ class Trackers:
         else:
             holds = f"it holds steps up to {held.newest()}" if held.newest() >= 0 else "it holds no step yet"
             log.info("%s: continuing run %s (%s)", tracker.name, run_id, holds)
+        assert run_id is not None  # a run is held only by its id
         self.run_ids = {**self.run_ids, tracker.name: run_id}
         if missing := held.missing(history):
             tracker.send(missing)

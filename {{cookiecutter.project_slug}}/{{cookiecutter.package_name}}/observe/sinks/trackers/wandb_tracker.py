@@ -80,7 +80,7 @@ def offline_last_step(wandb_dir: Path, run_id: str) -> int | None:
     last = -1
     for path in paths:
         for data in transaction_log(path):
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # its classes are built at import
             record.ParseFromString(data)
             if record.WhichOneof("record_type") == "history":
                 last = max(last, record.history.step.num)
