@@ -104,6 +104,7 @@ def test_a_data_set_whose_writing_stopped_has_no_index_and_is_refused(tmp_path: 
         sharded(str(tmp_path / "out"))
 
 
+@pytest.mark.slow
 def test_shards_in_a_store_stream_through_a_bounded_cache(tmp_path: Path, s3_server) -> None:
     source = corpus(tmp_path / "corpus")
     url = s3_server.bucket() + "/data/text"

@@ -99,6 +99,7 @@ STOPS_SLOWLY = (
 CHECKPOINTING_TORCHRUN = [sys.executable, "-c", f"import signal, sys, time\n{STOPS_SLOWLY}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("told_to_stop", [False, True], ids=["node 0 alone stopped", "this node told to stop too"])
 def test_node_zero_having_stopped_kills_torchrun_on_the_other_nodes_in_seconds(told_to_stop: bool, tmp_path) -> None:
     """Node 0 refused the job (or died) while this node's workers wait for it: not until dist.timeout_s but

@@ -141,6 +141,7 @@ def test_kill_usr1_writes_every_thread_stack_into_the_debug_dir(tmp_path: Path) 
     assert "test_kill_usr1_writes_every_thread_stack_into_the_debug_dir" in text, text
 
 
+@pytest.mark.slow
 def test_a_step_that_outlasts_the_timeout_dumps_the_stack_once(tmp_path: Path) -> None:
     watch = StallWatch(0, 1, 1.0, tmp_path)  # 1 s: step 2 must end within it, even on a loaded machine
     try:

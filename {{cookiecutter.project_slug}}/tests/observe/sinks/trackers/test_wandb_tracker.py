@@ -50,6 +50,7 @@ def test_the_api_key_is_found_in_the_environment_or_wandb_logins_netrc(wandb_hom
     assert api_key_set()
 
 
+@pytest.mark.slow
 def test_the_offline_reader_finds_the_last_step_that_wandb_wrote(wandb_home: Path, tmp_path: Path) -> None:
     import wandb
 
