@@ -28,7 +28,7 @@ import torch
 
 from ..common.errors import ConfigError, JobError, Preempted, first_line
 from ..common.placement import DistEnv
-from .assembly.components import build, describe
+from ..config.targets import build, describe
 from .data.loader import KeyedDataset, loader_options
 from .data.sampler import eval_shard
 from .distributed.process_group import all_gather_bytes

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from ..common.errors import ConfigError
-from .assembly.compatibility import differences, listed, under
-from .assembly.components import build
+from ..config.compatibility import differences, listed, under
+from ..config.targets import build
 
 log = logging.getLogger(__name__)
 

@@ -1,19 +1,27 @@
 """engine/assembly/entry.py, what a worker fixes up before training: the legacy launcher's argument (the checks it
-runs as it starts: tests/engine/assembly/test_checks.py); a refusal under the launcher, told to it and to the other
-nodes; the error file torchrun's agent reads of a failed worker."""
+runs as it starts: tests/engine/assembly/test_checks.py); one build path from the checks to the first step; a refusal
+under the launcher, told to it and to the other nodes; the error file torchrun's agent reads of a failed worker."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
 
+from {{cookiecutter.package_name}} import train as train_entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV, FAILED_MARKER, REFUSED
 from {{cookiecutter.package_name}}.engine.assembly.entry import accept_legacy_local_rank, record, refuse, reporting_user_errors
+from {{cookiecutter.package_name}}.engine.checkpoint import writer
 from {{cookiecutter.package_name}}.engine.distributed.process_group import REFUSED_KEY
 
 
@@ -133,3 +141,43 @@ def test_the_agent_reads_a_failed_workers_error_file_whole_or_not_at_all(tmp_pat
         assert worker.exitcode == 1
         assert failure.message["message"] == "RuntimeError: bug in the model on rank 1"
         assert 'raise RuntimeError("bug in the model' in failure.message["extraInfo"]["py_callstack"]
+
+
+BUILT: Counter = Counter()  # what the process built, by kind
+
+
+class CountedModel(nn.Sequential):
+    def __init__(self, **_: object) -> None:  # the default model's keys, unused
+        BUILT["model"] += 1
+        super().__init__(nn.Flatten(), nn.Linear(12, 3))
+
+
+def counted_pair(**_: object) -> tuple[TensorDataset, TensorDataset]:  # the default data set's keys, unused
+    BUILT["datasets"] += 1
+    generator = torch.Generator().manual_seed(0)
+    inputs, labels = torch.randn(20, 12, generator=generator), torch.randint(0, 3, (20,), generator=generator)
+    return TensorDataset(inputs[:16], labels[:16]), TensorDataset(inputs[16:], labels[16:])
+
+
+def test_a_process_builds_each_component_once_and_reads_the_checkpoint_it_resumes_from_once(
+    in_process, monkeypatch, tmp_path: Path
+) -> None:
+    """What the start's checks build (the data sets, the model, one batch through them) and read (the
+    checkpoint to resume from) is what trains: nothing is built or read twice."""
+    reads: list[Path] = []
+
+    def read(path: Path, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        reads.append(path)
+        return load(path, *args, **kwargs)
+
+    load = writer.load_checkpoint
+    monkeypatch.setattr(writer, "load_checkpoint", read)
+    job = ["train.py", f"model._target_={__name__}.CountedModel", f"data.dataset._target_={__name__}.counted_pair",
+           "task=classification", "data.batch_size=4", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    for epochs in (1, 2):  # a new run, then the same run dir resumed for one more epoch
+        BUILT.clear()
+        monkeypatch.setattr(sys, "argv", [*job, f"trainer.epochs={epochs}"])
+        train_entry.main()
+        assert BUILT == {"model": 1, "datasets": 1}, f"built at trainer.epochs={epochs}: {dict(BUILT)}"
+    assert in_process == [0, 0]
+    assert reads == [tmp_path / "checkpoints" / "step_00000004.pt"], "the resume read its checkpoint once"

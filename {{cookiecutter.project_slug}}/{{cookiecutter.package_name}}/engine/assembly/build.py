@@ -36,6 +36,7 @@ from ..state import TrainState
 from ..strategies import Strategy, build_strategy
 from ..trainer import StepRunner, Trainer
 from .activation import checkpoint_activations
+from .checks import Built
 from .compatibility import SamePreparedData
 from .components import build_model, build_optimizer, build_task
 from .init_weights import initialise_from
@@ -58,10 +59,15 @@ def use_deterministic_kernels(enabled: bool) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def prepare_model(config: TrainConfig, env: DistEnv, strategy: Strategy, has_checkpoint: bool = False) -> nn.Module:
+def prepare_model(
+    config: TrainConfig, env: DistEnv, strategy: Strategy, has_checkpoint: bool = False, built: nn.Module | None = None
+) -> nn.Module:
     """The configured model (from model.init_from's weights where a new run asks) on this rank's device,
-    its blocks recomputed in the backward if asked, in its memory layout, as the strategy holds it."""
-    model = build_model(config.model)
+    its blocks recomputed in the backward if asked, in its memory layout, as the strategy holds it.
+    `built`: the model the start's checks built from the same seed, taken instead of building another."""
+    if built is None:
+        torch.manual_seed(config.seed)  # as the checks seed it: the same weights on every rank, whoever built them
+    model = build_model(config.model) if built is None else built
     if config.model.get("init_from"):
         initialise_from(model, config.model["init_from"], env, has_checkpoint, config.trust_checkpoint)
     if config.trainer.activation_checkpointing:
@@ -98,20 +104,23 @@ def allow_frozen_parameters(config: TrainConfig, callbacks: Callbacks) -> None:
         config.ddp.find_unused_parameters = True
 
 
-def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
-    """Everything the loop needs, resumed from a checkpoint when there is one."""
+def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built | None = None) -> Trainer:
+    """Everything the loop needs, in order, resumed from a checkpoint when there is one. `built`: what this
+    process's start checks built and read (checks.py), taken as it is: each component is built once, and
+    the checkpoint resumed from read once."""
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
     apply_global_batch(config, env.world_size)  # data.global_batch_size: the batch and accumulation of this world
     callbacks = build_callbacks(config.callbacks)  # first: a wrong _target_ is said before any work
     allow_frozen_parameters(config, callbacks)
-    data = build_data(config.data, env, config.seed)
+    data = build_data(config.data, env, config.seed, built.datasets if built else None)
     skip_samples(config.trainer.skip_samples, data.sampler, env.is_main)  # before the schedule counts the steps
-    task = build_task(config.task)
+    task = built.task if built else build_task(config.task)
     strategy = build_strategy(config, env)
     folder = local_folder(run_dir, config.checkpoint)  # checkpoint.dir, or the run dir's checkpoints/
     has_checkpoint = config.checkpoint.resume != "never" and bool(list_checkpoints(folder))
-    model = prepare_model(config, env, strategy, has_checkpoint)  # before the optimizer, which steps on what it holds
+    # before the optimizer, which steps on what the strategy holds
+    model = prepare_model(config, env, strategy, has_checkpoint, built.model if built else None)
     optimizer = build_optimizer(config.optim, model)
     schedule = build_schedule(config, optimizer, data)
     monitor = Monitor.of(config.checkpoint, config.trainer)
@@ -138,6 +147,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path) -> Trainer:
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir
     )
+    if built is not None and built.resume_read:
+        checkpoints.found_at_start = [built.resume]  # read by the checks: not read again
     trainer = Trainer(
         config=config,
         env=env,

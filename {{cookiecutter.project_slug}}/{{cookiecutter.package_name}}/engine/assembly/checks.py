@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sized
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import Dataset, default_collate
 
 from ...common.capacity import available_memory, check_processes_fit, peak_rss
 from ...common.errors import ConfigError, JobError, first_line
@@ -37,23 +38,36 @@ from ..strategies import build_strategy
 from .components import build_datasets, build_model, build_optimizer, build_task, describe
 
 
+@dataclass
+class Built:
+    """What the checks built and read, handed to the trainer (build.py): this process builds each of these
+    once, and reads the checkpoint it resumes from once."""
+
+    datasets: tuple[Dataset, Dataset]  # (train, val), checked against the loader's settings
+    model: torch.nn.Module  # freshly initialised from the seed, on the CPU
+    task: Any
+    resume: tuple[Path, dict[str, Any]] | None = None  # the checkpoint found (None: none)
+    resume_read: bool = False  # whether `resume` was looked for
+
+
 def check_launch(
     config: TrainConfig, run_dir: Path | None, env: DistEnv, choice: BackendChoice, plain: dict[str, Any] | None = None
-) -> torch.nn.Module:
-    """Every check above, for a job of `env`'s shape on this node's devices; the model, as built.
+) -> Built:
+    """Every check above, for a job of `env`'s shape on this node's devices; what they built and read.
     `plain`: the config as to_plain_dict gives it, where the caller has it already."""
     apply_global_batch(config, env.world_size)  # a global batch this world size does not divide: one line
     build_strategy(config, env).check(choice.use_cuda)
     check_sinks(config.log)
-    model = check_components(config)
-    check_memory(env, choice.use_cuda, weight_bytes(model))
-    check_room_for_checkpoints(run_dir if run_dir is not None else Path(OUTPUT_ROOT), model)
+    built = check_components(config)
+    check_memory(env, choice.use_cuda, weight_bytes(built.model))
+    check_room_for_checkpoints(run_dir if run_dir is not None else Path(OUTPUT_ROOT), built.model)
     folder = local_folder(run_dir if run_dir is not None else Path(OUTPUT_ROOT) / "(new run)", config.checkpoint)
     checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False, fetches=True)
     checkpoints.check_owner(run_dir)  # checkpoint.dir: another run's is refused (writer.py)
     checkpoints.refuse_to_overwrite()
-    check_resume(checkpoints.find_resume_payload(), plain or to_plain_dict(config), config.trainer.epochs)
-    return model
+    built.resume, built.resume_read = checkpoints.find_resume_payload(), True
+    check_resume(built.resume, plain or to_plain_dict(config), config.trainer.epochs)
+    return built
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -84,11 +98,12 @@ def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
         )
 
 
-def check_components(config: TrainConfig) -> torch.nn.Module:
+def check_components(config: TrainConfig) -> Built:
     """Build everything once, before any process starts, and run one small batch through the
     model and the task: a mistake in any of them becomes one line here, not a failure per rank."""
     train, val = build_datasets(config.data.dataset)
     check_datasets(config.data, (train, val))
+    torch.manual_seed(config.seed)  # the weights build.py would initialise (nothing before it draws)
     model = build_model(config.model)
     build_optimizer(config.optim, model)
     task = build_task(config.task)
@@ -114,6 +129,7 @@ def check_components(config: TrainConfig) -> torch.nn.Module:
             outputs = model_forward(model, inputs)
             loss = task.loss(outputs, targets)
             metrics = task.metrics(outputs, targets)
+        model.train()  # as built: the trainer takes it on
     except Exception as error:
         raise ConfigError(
             f"model, data and task do not fit together: one batch fails with {first_line(error)}; "
@@ -136,7 +152,7 @@ def check_components(config: TrainConfig) -> torch.nn.Module:
     for name, value in metrics.items():  # a pair's count of another shape fails the validation's first batch
         if isinstance(value, tuple) and len(value) == 2:
             check_count(value[1], f"{target}: metrics()['{name}']")
-    return model
+    return Built((train, val), model, task)
 
 
 def check_count(count: Any, said: str) -> None:

@@ -162,9 +162,10 @@ def run_train(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         rank, local_rank, world_size, local_world_size, choice = process_env(config.dist)  # a backend that cannot work
         plain = to_plain_dict(config)  # what the checks and the other ranks compare (built once: it is slow)
+        built = None  # what the checks built and read: the trainer takes it (each component built once)
         if local_rank == 0 or not os.environ.get(CONTROL_DIR_ENV):  # under the launcher: once a node
             stand_in = DistEnv(rank, local_rank, world_size, local_world_size, choice.backend, None)  # type: ignore[arg-type]
-            check_launch(config, run_dir, stand_in, choice, plain)
+            built = check_launch(config, run_dir, stand_in, choice, plain)
         else:  # while this node's local rank 0 checks: its imports, not after the group formed
             import_targets([config.model, config.data.dataset, config.task, config.optim, config.data.collate])
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
@@ -176,7 +177,7 @@ def run_train(cfg: DictConfig) -> None:
             check_same_config_everywhere(plain, env)
             if env.is_main:
                 write_hydra_record(run_dir, cfg, HydraConfig.get())
-            result = build_trainer(config, env, run_dir).fit()
+            result = build_trainer(config, env, run_dir, built).fit()
             log.info("final: %s", result.line())
 
     reporting_user_errors(body)

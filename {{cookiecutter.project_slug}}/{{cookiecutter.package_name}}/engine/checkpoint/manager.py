@@ -23,7 +23,7 @@ import torch
 from ...common.errors import JobError, first_line
 from ...common.placement import DistEnv
 from ...config import CheckpointConfig
-from ..assembly.compatibility import check_resumable
+from ...config.compatibility import check_resumable
 from ..distributed.process_group import all_gather_int, broadcast_bytes
 from .files import FORMAT_VERSION, check_format_version, checkpoint_name
 
@@ -53,6 +53,9 @@ class CheckpointManager:
         self.run_dir = run_dir  # the run checkpoint.dir must belong to (writer.claim)
         self.plain_config, self.epochs = plain_config, epochs
         self.writer = strategy.checkpointer(folder, config, is_writer=env.is_main)  # files.py, sharded.py
+        # What the start's checks found to resume from (engine/assembly/checks.py), read once: a list of
+        # one (path, payload) or None, taken by resume() in place of reading it again; [] where nothing was.
+        self.found_at_start: list[tuple[Path, dict[str, Any]] | None] = []
         if run_dir is not None:  # another run's checkpoint.dir: refused before anything is written there
             self.writer.check_owner(run_dir)
         self.writer.save_config(plain_config)
@@ -70,7 +73,7 @@ class CheckpointManager:
         return {**state, "world_size": self.env.world_size, "config": self.plain_config}
 
     def load_state_dict(self, payload: dict[str, Any], source: Path | str) -> list[str]:
-        """The exact inverse of state_dict(), at this world size; the settings it changes (assembly/compatibility.py).
+        """The exact inverse of state_dict(), at this world size; the settings it changes (config/compatibility.py).
         A payload without tensors is a folder of shards' trainer.pt: the strategy reads them from `source`."""
         changes = check_resume((Path(source), payload), self.plain_config, self.epochs)
         self.strategy.load_state_dict(payload, Path(source))
@@ -126,7 +129,7 @@ class CheckpointManager:
         if self.run_dir is not None:
             self.writer.claim(self.run_dir)
         skip: set[Path] = set()
-        while found := agree_on_checkpoint(self.writer.find_resume_payload(frozenset(skip)), self.env):
+        while found := agree_on_checkpoint(self.found_here(skip), self.env):
             try:
                 self.load_state_dict(found[1], found[0])
                 return found
@@ -139,6 +142,15 @@ class CheckpointManager:
                 self.writer.set_aside(found[0])
                 skip.add(found[0])
         return None
+
+    def found_here(self, skip: set[Path]) -> tuple[Path, dict[str, Any]] | None:
+        """This rank's checkpoint to resume from: the one the start's checks read, else read now."""
+        if self.found_at_start and not skip:
+            found = self.found_at_start.pop()
+            if found is not None:
+                self.writer.last_saved_step = found[1]["step"]  # resuming from it: no need to write it again
+            return found
+        return self.writer.find_resume_payload(frozenset(skip))
 
 
 def agree_on_checkpoint(found: tuple[Path, dict[str, Any]] | None, env: DistEnv) -> tuple[Path, dict[str, Any]] | None:

@@ -44,6 +44,7 @@ import yaml
 
 from ...common.errors import ConfigError
 from ...config import config_dir
+from ...config.targets import locate
 
 PACKAGE = __name__.split(".")[0]
 REGISTRIES = ("models", "tasks", "datasets", "datasets.collate", "callbacks")  # each one's BUILDABLE tuple
@@ -254,8 +255,6 @@ def from_torch(target: str) -> bool:
 
 def located(target: str) -> Any:
     """What a dotted name of an installed package (torch, torchvision, this one) is, or None."""
-    from ..assembly.components import locate
-
     try:
         return locate(target)
     except Exception:

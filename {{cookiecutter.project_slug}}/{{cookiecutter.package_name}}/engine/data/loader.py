@@ -24,11 +24,11 @@ from ...augment import augment, augment_batch
 from ...common.errors import ConfigError, JobError, first_line
 from ...common.placement import DistEnv
 from ...config import DataConfig
+from ...config.targets import build, describe, is_map_style
 from ...datasets import TensorImages
 from ...datasets.collate import Batch
 from ...datasets.images import DeviceBatches
 from ...datasets.randomness import EVAL_EPOCH, building_sample
-from ..assembly.components import build, build_datasets, describe, is_map_style
 from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,20 @@ def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
     }
 
 
+def build_datasets(node: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+    """The (train, val) pair of map-style data sets that `data.dataset._target_` returns."""
+    pair = build(node, "data.dataset")
+    if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(is_map_style(item) for item in pair)):
+        raise ConfigError(
+            f"data.dataset._target_={node['_target_']} returned {describe(pair)}, not a pair "
+            "(train, val) of map-style data sets (objects with __len__ and __getitem__)"
+        )
+    for name, dataset in zip(("train", "val"), pair, strict=True):
+        if len(dataset) == 0:
+            raise ConfigError(f"data.dataset._target_={node['_target_']}: the {name} set is empty")
+    return pair[0], pair[1]
+
+
 def check_datasets(config: DataConfig, pair: tuple[Dataset, Dataset]) -> None:
     """Refuse, before any work, what the loader settings cannot do with these sets."""
     if config.on_device and config.collate is not None:
@@ -147,10 +161,13 @@ def check_datasets(config: DataConfig, pair: tuple[Dataset, Dataset]) -> None:
         )
 
 
-def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
-    """The training loader (resumable distributed sampler) and this rank's evaluation loader."""
-    train_base, val_base = build_datasets(config.dataset)
-    check_datasets(config, (train_base, val_base))
+def build_data(config: DataConfig, env: DistEnv, seed: int, pair: tuple[Dataset, Dataset] | None = None) -> Data:
+    """The training loader (resumable distributed sampler) and this rank's evaluation loader; `pair`: the
+    (train, val) sets the start's checks built and checked (engine/assembly/checks.py), not built again."""
+    if pair is None:
+        pair = build_datasets(config.dataset)
+        check_datasets(config, pair)
+    train_base, val_base = pair
     val_sets, test_set = build_eval_sets(config)
     train_set = KeyedDataset(train_base, seed, augment if config.augment else None)
     val_set = KeyedDataset(val_base, seed)
