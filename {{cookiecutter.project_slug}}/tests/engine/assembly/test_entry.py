@@ -162,8 +162,10 @@ def counted_pair(**_: object) -> tuple[TensorDataset, TensorDataset]:  # the def
 def test_a_process_builds_each_component_once_and_reads_the_checkpoint_it_resumes_from_once(
     in_process, monkeypatch, tmp_path: Path
 ) -> None:
-    """What the start's checks build (the data sets, the model, one batch through them) and read (the
-    checkpoint to resume from) is what trains: nothing is built or read twice."""
+    """What the start's checks build (the model, the task; one batch through them) and read (the checkpoint
+    to resume from) is what trains: neither is built or read twice. The data sets are built again for the
+    loaders, on purpose: the check read items of its own (a first read may open what forked DataLoader
+    workers cannot use)."""
     reads: list[Path] = []
 
     def read(path: Path, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -178,6 +180,6 @@ def test_a_process_builds_each_component_once_and_reads_the_checkpoint_it_resume
         BUILT.clear()
         monkeypatch.setattr(sys, "argv", [*job, f"trainer.epochs={epochs}"])
         train_entry.main()
-        assert BUILT == {"model": 1, "datasets": 1}, f"built at trainer.epochs={epochs}: {dict(BUILT)}"
+        assert BUILT == {"model": 1, "datasets": 2}, f"built at trainer.epochs={epochs}: {dict(BUILT)}"
     assert in_process == [0, 0]
     assert reads == [tmp_path / "checkpoints" / "step_00000004.pt"], "the resume read its checkpoint once"

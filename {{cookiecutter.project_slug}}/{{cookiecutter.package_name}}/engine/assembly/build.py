@@ -106,14 +106,14 @@ def allow_frozen_parameters(config: TrainConfig, callbacks: Callbacks) -> None:
 
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built | None = None) -> Trainer:
     """Everything the loop needs, in order, resumed from a checkpoint when there is one. `built`: what this
-    process's start checks built and read (checks.py), taken as it is: each component is built once, and
-    the checkpoint resumed from read once."""
+    process's start checks built and read (checks.py), taken as it is: the model and the task are built
+    once, and the checkpoint resumed from read once."""
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
     apply_global_batch(config, env.world_size)  # data.global_batch_size: the batch and accumulation of this world
     callbacks = build_callbacks(config.callbacks)  # first: a wrong _target_ is said before any work
     allow_frozen_parameters(config, callbacks)
-    data = build_data(config.data, env, config.seed, built.datasets if built else None)
+    data = build_data(config.data, env, config.seed)
     skip_samples(config.trainer.skip_samples, data.sampler, env.is_main)  # before the schedule counts the steps
     task = built.task if built else build_task(config.task)
     strategy = build_strategy(config, env)

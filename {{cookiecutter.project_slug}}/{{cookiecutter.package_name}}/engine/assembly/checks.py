@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import default_collate
 
 from ...common.capacity import available_memory, check_processes_fit, peak_rss
 from ...common.errors import ConfigError, JobError, first_line
@@ -40,10 +40,11 @@ from .components import build_datasets, build_model, build_optimizer, build_task
 
 @dataclass
 class Built:
-    """What the checks built and read, handed to the trainer (build.py): this process builds each of these
-    once, and reads the checkpoint it resumes from once."""
+    """What the checks built and read, handed to the trainer (build.py): this process builds the model and
+    the task once, and reads the checkpoint it resumes from once. Not the data sets: the check has read
+    items of them, and what a first read opens (a file handle, an S3 client's event loop) is not for the
+    DataLoader workers forked later; the loaders get sets built afresh (engine/data/loader.py)."""
 
-    datasets: tuple[Dataset, Dataset]  # (train, val), checked against the loader's settings
     model: torch.nn.Module  # freshly initialised from the seed, on the CPU
     task: Any
     resume: tuple[Path, dict[str, Any]] | None = None  # the checkpoint found (None: none)
@@ -152,7 +153,7 @@ def check_components(config: TrainConfig) -> Built:
     for name, value in metrics.items():  # a pair's count of another shape fails the validation's first batch
         if isinstance(value, tuple) and len(value) == 2:
             check_count(value[1], f"{target}: metrics()['{name}']")
-    return Built((train, val), model, task)
+    return Built(model, task)
 
 
 def check_count(count: Any, said: str) -> None:

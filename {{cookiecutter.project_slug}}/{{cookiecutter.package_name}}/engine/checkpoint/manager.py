@@ -149,6 +149,7 @@ class CheckpointManager:
             found = self.found_at_start.pop()
             if found is not None:
                 self.writer.last_saved_step = found[1]["step"]  # resuming from it: no need to write it again
+                self.writer.say_found(found[0])
             return found
         return self.writer.find_resume_payload(frozenset(skip))
 

@@ -228,6 +228,11 @@ class Checkpointer(Ownership):
                 return found
         return None
 
+    def say_found(self, path: Path) -> None:
+        """newest_readable's line, for the local checkpoint the start's checks found (and brought down)."""
+        if self.store is not None and self.fetches:
+            self.say_which(path.name, False, list_checkpoints(self.folder), self.store.names())
+
     def say_which(self, name: str, in_store: bool, local: list[Path], stored: list[str]) -> None:
         """With a store: the log line that says which of the two a resume takes, and why."""
         if self.store is None or not self.fetches:

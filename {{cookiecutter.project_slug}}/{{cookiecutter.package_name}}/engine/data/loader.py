@@ -161,13 +161,10 @@ def check_datasets(config: DataConfig, pair: tuple[Dataset, Dataset]) -> None:
         )
 
 
-def build_data(config: DataConfig, env: DistEnv, seed: int, pair: tuple[Dataset, Dataset] | None = None) -> Data:
-    """The training loader (resumable distributed sampler) and this rank's evaluation loader; `pair`: the
-    (train, val) sets the start's checks built and checked (engine/assembly/checks.py), not built again."""
-    if pair is None:
-        pair = build_datasets(config.dataset)
-        check_datasets(config, pair)
-    train_base, val_base = pair
+def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
+    """The training loader (resumable distributed sampler) and this rank's evaluation loader."""
+    train_base, val_base = build_datasets(config.dataset)
+    check_datasets(config, (train_base, val_base))
     val_sets, test_set = build_eval_sets(config)
     train_set = KeyedDataset(train_base, seed, augment if config.augment else None)
     val_set = KeyedDataset(val_base, seed)
