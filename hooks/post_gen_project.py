@@ -15,6 +15,7 @@ CHOICES = {
     "mlflow": "{{ cookiecutter.mlflow }}",
     "wandb": "{{ cookiecutter.wandb }}",
     "slurm": "{{ cookiecutter.slurm }}",
+    "container": "{{ cookiecutter.container }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
 # The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
@@ -37,6 +38,7 @@ UNCHOSEN_FILES = {
         f"{PACKAGE}/launch/cluster_sweep.py",
         "tests/launch/test_cluster_sweep.py",
     ],
+    ("container", "no"): ["Containerfile", ".dockerignore", "tests/test_container.py"],
     ("license", "none"): ["LICENSE"],
     ("mlflow", "no"): [
         f"{PACKAGE}/observe/sinks/trackers/mlflow_tracker.py",

@@ -60,7 +60,7 @@ KEYS = (
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
         "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi", "comm", "k8s")),
     # k8s: python -m <package>.launch k8s ... renders a Kubeflow PyTorchJob (kubernetes.py)
-    Key("IMAGE", "", "the container image every pod runs (the Containerfile's, pushed where the cluster pulls)",
+    Key("IMAGE", "", "the container image every pod runs (the project's, pushed where the cluster pulls)",
         modes=("k8s",)),
     Key("RUN_VOLUME", "", "the PersistentVolumeClaim (ReadWriteMany) the run dirs live on (default: RUN_NAME-runs)",
         modes=("k8s",)),

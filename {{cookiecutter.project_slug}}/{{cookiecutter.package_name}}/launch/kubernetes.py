@@ -27,7 +27,7 @@ from .keys import KEYS, LaunchArgs, LaunchError, resolve_keys, whole_number
 from .plan import Launch
 from .supervise import say
 
-PROJECT_DIR = "/workspace/project"  # the Containerfile's WORKDIR
+PROJECT_DIR = "/workspace/project"  # where the project's image holds it (its WORKDIR)
 GRACE_MARGIN_S = 30  # after SHUTDOWN_TIMEOUT_S: the launcher's own end, the last checkpoint's commit
 SHM_GIB = 8  # /dev/shm for the DataLoader workers (a container's own is 64 MiB)
 NODE_RANK_OF_POD = 'NODE_RANK="${HOSTNAME##*-}"'  # <name>-worker-<index>: the index, node 0 the rendezvous host
@@ -73,7 +73,7 @@ def resolve_k8s_keys(given: dict[str, str], environ: dict[str, str]) -> dict[str
 def check_k8s_names(values: dict[str, str], name: str) -> None:
     """IMAGE, RUN_NAME, NAMESPACE and RUN_VOLUME as Kubernetes accepts them; one line each."""
     if not values["IMAGE"]:
-        raise LaunchError("IMAGE is required: the image the Containerfile builds, e.g. IMAGE=registry.example/ddp:1")
+        raise LaunchError("IMAGE is required: the project's image in a registry, e.g. IMAGE=registry.example/ddp:1")
     if not IMAGE.fullmatch(values["IMAGE"]):
         raise LaunchError(
             f"IMAGE={literal(values['IMAGE'])} is not an image reference: give [registry/]name[:tag], e.g. "
