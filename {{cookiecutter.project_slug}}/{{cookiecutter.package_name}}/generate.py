@@ -26,8 +26,9 @@ from torch import nn
 
 from .common.errors import ConfigError
 from .config import GenerateConfig, config_dir, let_group_keys_through
+from .config.targets import locate
 from .datasets.tokenizer import Tokenizer, find, of_folder
-from .engine.assembly.components import build_model, locate
+from .engine.assembly.components import build_model
 from .engine.assembly.entry import checkpoint_config, prepare, reporting_user_errors
 from .engine.checkpoint.weights import load_weights
 from .tasks import LanguageModel

@@ -31,10 +31,10 @@ from .common.storage import is_remote
 from .config import PredictConfig, config_dir, let_group_keys_through
 from .config.values import require
 from .datasets.collate import model_forward, to_device
-from .engine.assembly.components import build_datasets, build_task
+from .engine.assembly.components import build_task
 from .engine.assembly.entry import checkpoint_config, checkpoint_model, prepare, record, reporting_user_errors
 from .engine.checkpoint.files import TMP_PREFIX, write_atomically
-from .engine.data.loader import KeyedDataset, loader_options
+from .engine.data.loader import KeyedDataset, build_datasets, loader_options
 from .engine.distributed.process_group import (
     all_gather_bytes,
     all_gather_int,

@@ -159,7 +159,7 @@ def counted_pair(**_: object) -> tuple[TensorDataset, TensorDataset]:  # the def
     return TensorDataset(inputs[:16], labels[:16]), TensorDataset(inputs[16:], labels[16:])
 
 
-def test_a_process_builds_each_component_once_and_reads_the_checkpoint_it_resumes_from_once(
+def test_a_process_builds_its_model_once_and_reads_the_checkpoint_it_resumes_from_once(
     in_process, monkeypatch, tmp_path: Path
 ) -> None:
     """What the start's checks build (the model, the task; one batch through them) and read (the checkpoint

@@ -14,6 +14,16 @@ from ...helpers import check_launch_for, trainer
 from .test_store import config, state
 
 
+def refused_both(other: Checkpointer, its_run: Path, refusal: str, before_work: str) -> None:
+    """`other` (another run's writer) is refused with `refusal` as it claims the folder, and by the launch
+    checks, before any work (no run dir yet), with a line matching `before_work`."""
+    with pytest.raises(ConfigError) as refused:
+        other.claim(its_run)
+    assert str(refused.value) == refusal
+    with pytest.raises(ConfigError, match=before_work):
+        other.check_owner(None)
+
+
 @pytest.mark.parametrize("remote", [True, False], ids=["store", "folder"])
 def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
     memory_url: str, tmp_path: Path, monkeypatch, remote: bool
@@ -29,11 +39,7 @@ def test_a_checkpoint_dir_belongs_to_the_run_that_first_used_it(
     refusal = (f"checkpoint.dir={url} belongs to the run in outputs/a (its .owner says so), not to this one in "
                f"outputs/b: give this run a checkpoint.dir of its own, or launch with RUN_DIR=outputs/a to continue "
                "that run")  # fmt: skip
-    with pytest.raises(ConfigError) as refused:
-        b.claim(run_b)
-    assert str(refused.value) == refusal
-    with pytest.raises(ConfigError, match=r"not to this one in a new run dir: "):  # the launch checks, before work
-        b.check_owner(None)
+    refused_both(b, run_b, refusal, r"not to this one in a new run dir: ")
     # The same run relaunched (a restart, a Slurm requeue, the job on another machine with RUN_DIR=outputs/a).
     again = Checkpointer(tmp_path / "elsewhere" if remote else Path(url), config(url), is_writer=True)
     again.claim(Path("outputs/a"))
@@ -74,11 +80,7 @@ def test_a_run_dirs_own_checkpoints_are_that_runs_without_an_owner_file(tmp_path
                "another run may start from its checkpoints (model.init_from, checkpoint.resume=<its step_<N>.pt>) "
                "but never write there; leave checkpoint.dir out, or launch with RUN_DIR=outputs/a to continue that "
                "run")  # fmt: skip
-    with pytest.raises(ConfigError) as refused:
-        b.claim(run_b)
-    assert str(refused.value) == refusal
-    with pytest.raises(ConfigError, match=r"not of this one in a new run dir: "):  # the launch checks, before work
-        b.check_owner(None)
+    refused_both(b, run_b, refusal, r"not of this one in a new run dir: ")
     assert sorted(path.name for path in (run_a / "checkpoints").iterdir()) == [
         ".tmp_step_00000007.pt.1", "step_00000005.pt", "step_00000006.pt"]  # fmt: skip
     again = Checkpointer(Path(url), config(url), is_writer=True)  # the same run, its checkpoint.dir spelt out
