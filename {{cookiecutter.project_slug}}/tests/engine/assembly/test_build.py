@@ -23,7 +23,7 @@ from {{cookiecutter.package_name}}.models import SmallCNN
 from {{cookiecutter.package_name}}.observe.sinks import build_sinks
 from {{cookiecutter.package_name}}.tasks import Classification
 
-from ...helpers import compose_config, cpu_env
+from ...helpers import check_launch_for, compose_config, cpu_env
 
 TINY = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=48", "data.val_size=16",
         "data.batch_size=16", "data.image_size=8", "trainer.epochs=1"]  # fmt: skip
@@ -110,6 +110,21 @@ def test_a_build_on_a_run_dir_with_a_checkpoint_continues_at_its_step(tmp_path: 
     assert not torch.equal(torch.get_rng_state(), generators_after_build), "not a fresh start's"
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps and max(steps) == 3, "the records past the checkpoint are dropped: the resumed run logs them again"
+
+
+def test_a_resume_from_the_checks_payload_continues_at_its_step_and_does_not_write_that_step_again(
+    tmp_path: Path, built
+) -> None:
+    """The start's checks read the checkpoint (Built.resume); the trainer resumes from that payload, and a save at
+    the resumed step (a stop signal before the first step) writes nothing: the step is on the disk already."""
+    build(built, tmp_path).fit()  # 3 steps, a checkpoint at the epoch's end
+    checked = check_launch_for([*TINY, "trainer.epochs=2"], tmp_path)
+    assert checked.resume is not None and checked.resume[1]["step"] == 3
+    config = to_train_config(compose_config([*TINY, "trainer.epochs=2"]))
+    resumed = build_trainer(config, cpu_env(0, 1), tmp_path, checked)
+    built.append(resumed)
+    assert (resumed.state.step, resumed.state.epoch) == (3, 1)
+    assert resumed.save() is None, "the resumed step is not written again"
 
 
 def test_deterministic_switch_sets_every_gpu_knob(monkeypatch: pytest.MonkeyPatch) -> None:

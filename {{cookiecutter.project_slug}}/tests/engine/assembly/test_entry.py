@@ -144,12 +144,14 @@ def test_the_agent_reads_a_failed_workers_error_file_whole_or_not_at_all(tmp_pat
 
 
 BUILT: Counter = Counter()  # what the process built, by kind
+INITIAL: list[torch.Tensor] = []  # each model's initial weights
 
 
 class CountedModel(nn.Sequential):
     def __init__(self, **_: object) -> None:  # the default model's keys, unused
         BUILT["model"] += 1
         super().__init__(nn.Flatten(), nn.Linear(12, 3))
+        INITIAL.append(self[1].weight.detach().clone())
 
 
 def counted_pair(**_: object) -> tuple[TensorDataset, TensorDataset]:  # the default data set's keys, unused
@@ -176,6 +178,7 @@ def test_a_process_builds_its_model_once_and_reads_the_checkpoint_it_resumes_fro
     monkeypatch.setattr(writer, "load_checkpoint", read)
     job = ["train.py", f"model._target_={__name__}.CountedModel", f"data.dataset._target_={__name__}.counted_pair",
            "task=classification", "data.batch_size=4", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    torch.manual_seed(123)  # whatever the process drew before: the model's weights come from the config's seed
     for epochs in (1, 2):  # a new run, then the same run dir resumed for one more epoch
         BUILT.clear()
         monkeypatch.setattr(sys, "argv", [*job, f"trainer.epochs={epochs}"])
@@ -183,3 +186,6 @@ def test_a_process_builds_its_model_once_and_reads_the_checkpoint_it_resumes_fro
         assert BUILT == {"model": 1, "datasets": 2}, f"built at trainer.epochs={epochs}: {dict(BUILT)}"
     assert in_process == [0, 0]
     assert reads == [tmp_path / "checkpoints" / "step_00000004.pt"], "the resume read its checkpoint once"
+    torch.manual_seed(0)  # seed: 0, configs/train.yaml's: the checked model is the one every rank builds
+    expected = nn.Linear(12, 3).weight.detach()
+    assert all(torch.equal(weights, expected) for weights in INITIAL[-2:]), "the weights come from the seed"
