@@ -1,13 +1,18 @@
-"""launch/agent.py: torchrun's stores listen where the launcher says (loopback for a job on one node)."""
+"""launch/agent.py: torchrun's stores listen where the launcher says (loopback for a job on one node);
+its exit barrier fails in silence once node 0 has gone."""
 
 from __future__ import annotations
 
 import datetime
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from torch.distributed import TCPStore
+from torch.distributed.elastic.agent.server import api as agent_api
 
-from {{cookiecutter.package_name}}.launch.agent import stores_listening_on
+from {{cookiecutter.package_name}}.launch.agent import quiet_exit_barrier, stores_listening_on
 
 
 def listening(port: int) -> set[str]:
@@ -32,3 +37,27 @@ def test_a_store_server_listens_on_the_given_address_alone_and_clients_reach_it(
                                           timeout=datetime.timedelta(seconds=10))  # fmt: skip
     client.set("key", "value")
     assert server.get("key") == b"value"
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_the_exit_barrier_fails_without_a_traceback_once_node_zero_has_gone(quiet, caplog) -> None:
+    """A node whose workers ended waits in torchrun's exit barrier, on node 0's store. Node 0's launcher
+    has stopped its agent (a worker refused the job): the wait fails, and says nothing under the launcher's
+    line (CI saw torchrun's traceback there). Without the filter, the same failure logs its traceback."""
+    timeout = datetime.timedelta(seconds=5)
+    node_zero = TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
+    store = TCPStore("127.0.0.1", node_zero.port, is_master=False, timeout=timeout)
+    del node_zero  # node 0's agent has ended, and its store with it
+    agent = SimpleNamespace(_store=store, _exit_barrier_timeout=5, _in_exit_barrier=False,
+                            _worker_group=SimpleNamespace(group_world_size=2, state="SUCCEEDED"))  # fmt: skip
+    filters = list(agent_api.logger.filters)
+    try:
+        if quiet:
+            quiet_exit_barrier()
+        with caplog.at_level(logging.INFO, logger=agent_api.logger.name):
+            agent_api.SimpleElasticAgent._exit_barrier(agent)  # type: ignore[arg-type]
+    finally:
+        agent_api.logger.filters[:] = filters
+    failures = [record for record in caplog.records if record.exc_info]
+    assert (failures == []) == quiet, [record.getMessage() for record in caplog.records]
+    assert any("Waiting 5 seconds for other agents" in record.getMessage() for record in caplog.records)

@@ -6,17 +6,23 @@ The same agent as `python -m torch.distributed.run` (torchrun), with two differe
   and anyone who reaches it can read and write the job's keys;
 - it is quieter on the console where torchrun prints its own traceback over what the workers said: a
   signal the launcher forwarded (SIGTERM, SIGINT, SIGHUP) ends it with 128 + the signal, and failed
-  workers are summarised as torchrun does (rank, exit code, their traceback), exit code 1.
+  workers are summarised as torchrun does (rank, exit code, their traceback), exit code 1;
+- its wait for the other nodes' agents once its workers have ended (torchrun's exit barrier) fails in
+  silence when node 0 has already gone: node 0's agent serves that wait's store, and its launcher stops
+  it as soon as a worker has refused or stopped the job (exit code 0, so that torchrun restarts nothing).
+  That failure was a traceback on the console under the launcher's one line.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 from typing import Any
 
 from torch.distributed import TCPStore
+from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous
@@ -58,7 +64,26 @@ def bind_stores(address: str) -> None:
     handler._create_tcp_store_server = bootstrap_store  # type: ignore[method-assign]
 
 
+EXIT_BARRIER_FAILED = "Error waiting on exit barrier"  # torchrun's log line, with the traceback
+
+
+class NoExitBarrierFailure(logging.Filter):
+    """Drops torchrun's log of its exit barrier failing: the workers of this node have ended by then, and
+    the barrier fails only when the node serving its store (node 0) has ended too; the launcher's markers,
+    not the barrier, say how the job ended."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(EXIT_BARRIER_FAILED)
+
+
+def quiet_exit_barrier() -> None:
+    """torchrun's agent logs its exit barrier's failure without a traceback or a line (NoExitBarrierFailure)."""
+    if not any(isinstance(existing, NoExitBarrierFailure) for existing in agent_api.logger.filters):
+        agent_api.logger.addFilter(NoExitBarrierFailure())
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_exit_barrier()
     if address := os.environ.get(STORE_ADDRESS_ENV):
         bind_stores(address)
     fork_workers()
