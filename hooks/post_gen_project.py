@@ -16,6 +16,7 @@ CHOICES = {
     "wandb": "{{ cookiecutter.wandb }}",
     "slurm": "{{ cookiecutter.slurm }}",
     "container": "{{ cookiecutter.container }}",
+    "kubernetes": "{{ cookiecutter.kubernetes }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
 # The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
@@ -39,6 +40,11 @@ UNCHOSEN_FILES = {
         "tests/launch/test_cluster_sweep.py",
     ],
     ("container", "no"): ["Containerfile", ".dockerignore", "tests/test_container.py"],
+    ("kubernetes", "no"): [
+        "scripts/k8s_job.sh",
+        f"{PACKAGE}/launch/modes/kubernetes.py",
+        "tests/launch/modes/test_kubernetes.py",
+    ],
     ("license", "none"): ["LICENSE"],
     ("mlflow", "no"): [
         f"{PACKAGE}/observe/sinks/trackers/mlflow_tracker.py",

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.launch.keys import KEYS, LaunchError, parse_args, read_cluster_env, usage
+from {{cookiecutter.package_name}}.launch.keys import KEYS, SCRIPTS, LaunchError, parse_args, read_cluster_env, usage
+from {{cookiecutter.package_name}}.launch.modes import extra_modes
 
-from ..helpers import planned
+from ..helpers import PROJECT_DIR, planned
 
 
 def test_the_command_line_is_sorted_into_keys_hydra_flags_overrides_and_torchrun_flags() -> None:
@@ -82,6 +83,7 @@ def test_help_lists_every_key_with_its_default() -> None:
         if "multi" in key.modes:
             assert re.search(rf"^  {key.name} +{re.escape(key.default or '-')} ", text, flags=re.M), key.name
     assert "RDZV_LAST_CALL_S" in text and "RUN_DIR" in text and "SWEEP_DIR" not in text
-    scripts = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh", "k8s": "k8s_job.sh"}
+    scripts = {**SCRIPTS, **{mode: module.SCRIPT for mode, module in extra_modes().items()}}
+    assert set(scripts.values()) == {path.name for path in (PROJECT_DIR / "scripts").glob("*.sh")}
     for mode, script in scripts.items():
         assert usage(mode).startswith(f"usage: bash scripts/{script} [KEY=VALUE ...]"), mode

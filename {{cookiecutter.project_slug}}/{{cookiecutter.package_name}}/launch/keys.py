@@ -1,5 +1,6 @@
 """The launch keys (KEYS: their defaults, help and environment variables) and the command line:
-which arguments are launch keys, Hydra's flags and overrides, or torchrun's; each key's value; usage."""
+which arguments are launch keys, Hydra's flags and overrides, or torchrun's; each key's value; usage.
+A mode of launch/modes/ brings its own keys and takes some of these (keys_of)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .modes import extra_modes
+
 USER_ERROR_EXIT = 2
+SCRIPTS = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh"}  # the launcher's modes
 
 
 class LaunchError(ValueError):
@@ -26,10 +30,10 @@ class Key:
 
 KEYS = (
     Key("NPROC_PER_NODE", "", "processes on this machine (default: the visible GPUs; on CPUs 1, 2 in multi and comm)",
-        env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE"), modes=("single", "multi", "comm", "k8s")),
+        env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE"), modes=("single", "multi", "comm")),
     Key("GPUS", "", "the GPUs to use, e.g. GPUS=0,1,2,3: CUDA_VISIBLE_DEVICES, and one process per listed GPU"),
     Key("MAX_RESTARTS", "3", "times torchrun restarts failed workers; they resume from the newest checkpoint",
-        env=("PET_MAX_RESTARTS",), modes=("single", "multi", "k8s")),
+        env=("PET_MAX_RESTARTS",), modes=("single", "multi")),
     Key("RUN_DIR", "", "the run dir (default: a new outputs/<date>_<time>; many nodes: outputs/RUN_NAME); an "
         "existing one is resumed", modes=("single", "multi")),
     Key("SWEEP_DIR", "", "with -m: the sweep's dir (default: a new outputs/sweep_<date>_<time>); "
@@ -41,13 +45,13 @@ KEYS = (
     Key("NODE_RANK", "", "this node's rank: 0 on the first node, 1, 2, ... on the others",
         env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi", "comm")),
     Key("NNODES", "2", "N: static, exactly N nodes; MIN:MAX: elastic (c10d rendezvous; nodes may join and leave)",
-        env=("NNODES", "PET_NNODES"), modes=("multi", "comm", "k8s")),
+        env=("NNODES", "PET_NNODES"), modes=("multi", "comm")),
     Key("MASTER_ADDR", "", "node 0's address, reachable from every node (required on nodes other than 0)",
         env=("MASTER_ADDR", "PET_MASTER_ADDR"), modes=("multi", "comm")),
     Key("MASTER_PORT", "29500", "a free port on node 0", env=("MASTER_PORT", "PET_MASTER_PORT"),
-        modes=("multi", "comm", "k8s")),
+        modes=("multi", "comm")),
     Key("RUN_NAME", "", "the run dir is outputs/RUN_NAME on every node (default: multi_<MASTER_ADDR>_<MASTER_PORT>)",
-        modes=("multi", "k8s")),
+        modes=("multi",)),
     Key("LOCAL_ADDR", "", "this node's address, where its hostname does not resolve to it", modes=("multi", "comm")),
     Key("WAIT_FOR_MASTER_S", "120", "how long nodes other than 0 wait for node 0's port", modes=("multi", "comm")),
     Key("WAIT_FOR_NODES_S", "600", "how long a node waits for all NNODES (MIN of MIN:MAX) to join before it gives up",
@@ -58,16 +62,21 @@ KEYS = (
         "flight recorder, every rank's Python stack when a step outlasts dist.timeout_s and on kill -USR1 <pid> "
         "(docs/debugging.md)", modes=("single", "multi")),
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
-        "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi", "comm", "k8s")),
-    # k8s: python -m <package>.launch k8s ... renders a Kubeflow PyTorchJob (kubernetes.py)
-    Key("IMAGE", "", "the container image every pod runs (the project's, pushed where the cluster pulls)",
-        modes=("k8s",)),
-    Key("RUN_VOLUME", "", "the PersistentVolumeClaim (ReadWriteMany) the run dirs live on (default: RUN_NAME-runs)",
-        modes=("k8s",)),
-    Key("POD_GPUS", "", "GPUs per pod (default: NPROC_PER_NODE; 0 for CPU pods)", modes=("k8s",)),
-    Key("NAMESPACE", "", "the job's namespace (default: the cluster's default)", modes=("k8s",)),
+        "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi", "comm")),
 )  # fmt: skip
 KEYS_BY_NAME = {key.name: key for key in KEYS}
+
+
+def keys_of(mode: str) -> list[Key]:
+    """The keys `mode` takes: those of KEYS for it, or a mode of launch/modes/'s SHARED_KEYS and KEYS."""
+    if mode in SCRIPTS:
+        return [key for key in KEYS if mode in key.modes]
+    module = extra_modes()[mode]
+    return [key for key in KEYS if key.name in module.SHARED_KEYS] + list(module.KEYS)
+
+
+def script_of(mode: str) -> str:
+    return SCRIPTS[mode] if mode in SCRIPTS else extra_modes()[mode].SCRIPT
 
 
 # Hydra's own flags: train.py handles them in one process (they print, they do not train).
@@ -89,7 +98,7 @@ class LaunchArgs:
 def parse_args(argv: Sequence[str], mode: str) -> LaunchArgs:
     """Sort the command line into launch keys, Hydra flags and overrides, and torchrun's flags."""
     args = LaunchArgs()
-    known = [key.name for key in KEYS if mode in key.modes]
+    known = [key.name for key in keys_of(mode)]
     items = iter(argv)
     for item in items:
         if item == "--":
@@ -139,9 +148,7 @@ def resolve_keys(given: dict[str, str], mode: str, environ: dict[str, str], clus
     """Each key's value: the command line, else the environment (a scheduler's), else
     scripts/cluster.env (multi-node defaults of this cluster), else the default."""
     values = {}
-    for key in KEYS:
-        if mode not in key.modes:
-            continue
+    for key in keys_of(mode):
         from_env = next((environ[name] for name in key.env if environ.get(name)), None)
         from_cluster = cluster.get(key.name) if mode != "single" else None
         values[key.name] = next(v for v in (given.get(key.name), from_env, from_cluster, key.default) if v is not None)
@@ -158,8 +165,8 @@ def whole_number(values: dict[str, str], name: str, least: int) -> int:
 
 
 def usage(mode: str) -> str:
-    script = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh", "k8s": "k8s_job.sh"}[mode]
-    keys = [key for key in KEYS if mode in key.modes]
+    script = script_of(mode)
+    keys = keys_of(mode)
     synopsis = "[KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags ...]"
     lines = [f"usage: bash scripts/{script} {synopsis}", "",
              "Launch keys (command line, else the environment, else the default):"]  # fmt: skip

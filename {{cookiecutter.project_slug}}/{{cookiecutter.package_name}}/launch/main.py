@@ -1,6 +1,6 @@
 """The launch layer behind scripts/run_single.sh, run_multi.sh and check_comm.sh.
 
-    python -m <package>.launch single|multi|comm|k8s [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags]
+    python -m <package>.launch single|multi|comm|<mode> [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun]
 
 One table of launch keys (KEYS) with their defaults and help. A launch checks the keys, then
 what needs no torch (preflight, in this process: the config, the backend, the run dir), then starts
@@ -14,8 +14,8 @@ command line does not give them.
 The modules of launch/, one concern each: keys.py (the keys and the command line), plan.py
 (torchrun's arguments and the workers' environment), checks.py (the checks before torchrun),
 rendezvous.py (the nodes' meeting point), supervise.py (torchrun as a child, signals), job.py
-(one training job), sweep.py and optuna_sweep.py (-m), agent.py (torchrun itself, quieter), kubernetes.py
-(k8s: a PyTorchJob for the same keys, printed).
+(one training job), sweep.py and optuna_sweep.py (-m), agent.py (torchrun itself, quieter); modes/ holds
+the modes the project was made with beyond these three, each printing what starts a job elsewhere.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ..common.redaction import redact_text
 from ..common.run_dir import LAUNCH_COMMAND_ENV
 from .checks import check_comm_config
 from .job import train
-from .keys import USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, usage
-from .kubernetes import render
+from .keys import SCRIPTS, USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, usage
+from .modes import extra_modes
 from .plan import plan, worker_environment
 from .rendezvous import check_rendezvous
 from .supervise import PACKAGE, Forwarder, say, torchrun
@@ -61,12 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def launch_main(argv: list[str], forwarder: Forwarder) -> int:
-    mode = argv.pop(0) if argv and argv[0] in ("single", "multi", "comm", "k8s") else "single"
+    modes = extra_modes()
+    mode = argv.pop(0) if argv and argv[0] in (*SCRIPTS, *modes) else "single"
     try:
         args = parse_args(argv, mode)
-        if mode == "k8s":  # nothing started: the manifest that starts the job on a cluster
-            print(usage(mode) if args.help else render(args, dict(os.environ)), end="" if not args.help else "\n")
-            return 0
+        if mode in modes:  # nothing started: what starts the job elsewhere
+            return int(modes[mode].main(args, dict(os.environ)))
         if args.help:
             print(usage(mode), flush=True)
             if mode == "comm":

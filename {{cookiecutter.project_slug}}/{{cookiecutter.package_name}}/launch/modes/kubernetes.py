@@ -22,10 +22,21 @@ import re
 import shlex
 from typing import Any
 
-from .checks import checked_config
-from .keys import KEYS, LaunchArgs, LaunchError, resolve_keys, whole_number
-from .plan import Launch
-from .supervise import say
+from ..checks import checked_config
+from ..keys import Key, LaunchArgs, LaunchError, keys_of, resolve_keys, usage, whole_number
+from ..plan import Launch
+from ..supervise import say
+
+MODE, SCRIPT = "k8s", "k8s_job.sh"
+SHARED_KEYS = ("NPROC_PER_NODE", "MAX_RESTARTS", "NNODES", "MASTER_PORT", "RUN_NAME", "SHUTDOWN_TIMEOUT_S")
+KEYS = (
+    Key("IMAGE", "", "the container image every pod runs (the project's, pushed where the cluster pulls)",
+        modes=(MODE,)),
+    Key("RUN_VOLUME", "", "the PersistentVolumeClaim (ReadWriteMany) the run dirs live on (default: RUN_NAME-runs)",
+        modes=(MODE,)),
+    Key("POD_GPUS", "", "GPUs per pod (default: NPROC_PER_NODE; 0 for CPU pods)", modes=(MODE,)),
+    Key("NAMESPACE", "", "the job's namespace (default: the cluster's default)", modes=(MODE,)),
+)  # fmt: skip
 
 PROJECT_DIR = "/workspace/project"  # where the project's image holds it (its WORKDIR)
 GRACE_MARGIN_S = 30  # after SHUTDOWN_TIMEOUT_S: the launcher's own end, the last checkpoint's commit
@@ -60,9 +71,9 @@ def literal(value: str) -> str:
 def resolve_k8s_keys(given: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
     """The keys, from the command line, else the environment but torchrun's PET_* (this shell's own job's),
     else the default; a warning for each PET_* that would have set another value."""
-    values = resolve_keys(given, "k8s", {name: environ[name] for name in environ if not name.startswith("PET_")}, {})
+    values = resolve_keys(given, MODE, {name: environ[name] for name in environ if not name.startswith("PET_")}, {})
     values["NPROC_PER_NODE"] = values["NPROC_PER_NODE"] or "1"
-    ignored = [(key.name, name) for key in KEYS if key.name in values for name in key.env if name.startswith("PET_")]
+    ignored = [(key.name, name) for key in keys_of(MODE) for name in key.env if name.startswith("PET_")]
     for key, name in ignored:
         if environ.get(name, values[key]) != values[key]:
             say(f"warning: {name}={literal(environ[name])} (torchrun's, of the job this shell runs in) is not read: "
@@ -106,7 +117,7 @@ def pytorch_job(args: LaunchArgs, environ: dict[str, str]) -> dict[str, Any]:
     restarts = whole_number(values, "MAX_RESTARTS", 0)
     port = whole_number(values, "MASTER_PORT", 1)
     grace = whole_number(values, "SHUTDOWN_TIMEOUT_S", 0) + GRACE_MARGIN_S
-    checked_config(args.overrides, Launch("k8s", values, nproc, gpus))  # as each pod's launcher will check them
+    checked_config(args.overrides, Launch(MODE, values, nproc, gpus))  # as each pod's launcher will check them
     launch = ["bash", "scripts/run_multi.sh", f"NNODES={values['NNODES']}", f"NPROC_PER_NODE={nproc}",
               f"MASTER_ADDR={name}-worker-0", f"MASTER_PORT={port}", f"RUN_NAME={name}", f"MAX_RESTARTS={restarts}",
               f"SHUTDOWN_TIMEOUT_S={grace - GRACE_MARGIN_S}", *args.overrides]  # fmt: skip
@@ -156,3 +167,9 @@ def render(args: LaunchArgs, environ: dict[str, str]) -> str:
     first = f"{job['metadata']['name']}-worker-0"
     head = f"# kubectl apply -f job.yaml (needs Kubeflow's training operator); logs: kubectl logs {first}\n"
     return head + yaml.safe_dump(job, sort_keys=False)
+
+
+def main(args: LaunchArgs, environ: dict[str, str]) -> int:
+    """The manifest, or the keys' help, on stdout."""
+    print(usage(MODE) if args.help else render(args, environ), end="" if not args.help else "\n")
+    return 0

@@ -1,4 +1,4 @@
-"""launch/kubernetes.py: the PyTorchJob scripts/k8s_job.sh prints, from the launcher's keys, checked against
+"""launch/modes/kubernetes.py: the PyTorchJob scripts/k8s_job.sh prints, from the launcher's keys, checked against
 Kubeflow's own models (kubeflow-training: every field one the operator knows, of its type) and its pod
 template against Kubernetes' schema (kubernetes-validate, strict): a manifest either would reject fails here."""
 
@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
-from {{cookiecutter.package_name}}.launch.kubernetes import pytorch_job
+from {{cookiecutter.package_name}}.launch.modes.kubernetes import pytorch_job
 
-from ..helpers import PROJECT_DIR, job_env
+from ...helpers import PROJECT_DIR, job_env
 
 
 def job(*argv: str) -> dict[str, Any]:

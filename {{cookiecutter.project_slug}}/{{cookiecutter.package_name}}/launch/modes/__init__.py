@@ -1,0 +1,19 @@
+"""The launch modes beyond single, multi and comm: every module in this folder is one, present where it
+was chosen when the project was made. Nothing outside names them.
+
+A mode module has MODE (its word: `python -m <package>.launch MODE`), SCRIPT (its script in scripts/),
+SHARED_KEYS (the names of the launcher's keys it takes as well), KEYS (its own, launch/keys.py's Key)
+and `main(args, environ) -> int`, which prints and starts nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+
+def extra_modes() -> dict[str, ModuleType]:
+    """The modes this project has beyond the three of the launcher, by their word."""
+    modules = [importlib.import_module(f".{info.name}", __name__) for info in pkgutil.iter_modules(__path__)]
+    return {module.MODE: module for module in modules}
