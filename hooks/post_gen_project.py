@@ -17,6 +17,7 @@ CHOICES = {
     "slurm": "{{ cookiecutter.slurm }}",
     "container": "{{ cookiecutter.container }}",
     "kubernetes": "{{ cookiecutter.kubernetes }}",
+    "sweeps": "{{ cookiecutter.sweeps }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
 # The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
@@ -38,8 +39,22 @@ UNCHOSEN_FILES = {
         "docs/slurm.md",
         f"{PACKAGE}/launch/cluster_sweep.py",
         "tests/launch/test_cluster_sweep.py",
+        "tests/e2e/test_slurm_sweep.py",
     ],
     ("container", "no"): ["Containerfile", ".dockerignore", "tests/test_container.py"],
+    ("sweeps", "no"): [
+        f"{PACKAGE}/launch/sweep.py",
+        f"{PACKAGE}/launch/sweep_point.py",
+        f"{PACKAGE}/launch/optuna_sweep.py",
+        f"{PACKAGE}/launch/cluster_sweep.py",
+        "tests/launch/test_sweep.py",
+        "tests/launch/test_sweep_point.py",
+        "tests/launch/test_optuna_sweep.py",
+        "tests/launch/test_cluster_sweep.py",
+        "tests/e2e/test_sweeps.py",
+        "tests/e2e/test_slurm_sweep.py",
+        "docs/sweeps.md",
+    ],
     ("kubernetes", "no"): [
         "scripts/k8s_job.sh",
         f"{PACKAGE}/launch/modes/kubernetes.py",

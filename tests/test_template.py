@@ -62,6 +62,8 @@ TRACES = {
     ("container", "no"): ["Containerfile", "dockerignore", "hadolint", "podman"],
     ("kubernetes", "no"): ["k8s", "kubeflow", "PyTorchJob", "kubernetes-validate", "kubernetes_validate",
                            "modes/kubernetes", "modes.kubernetes"],
+    ("sweeps", "no"): ["optuna", "SWEEP_DIR", "SUBMIT=", "SUBMIT_ARGS", "sweep_point", "sweeps.md", "cluster_sweep",
+                       "results.md"],
 }
 
 # Readable ids: each bake differs from the defaults in one way (git_init=no keeps .git out).
@@ -81,6 +83,7 @@ BAKES = {
     "no_slurm": {"slurm": "no"},
     "no_container": {"container": "no"},
     "no_kubernetes": {"kubernetes": "no"},
+    "no_sweeps": {"sweeps": "no"},
     "default_resnet50": {"default_model": "resnet50"},
     "default_image_folder": {"default_data": "image_folder"},
     "default_language_model": {"default_task": "language_model"},
@@ -235,7 +238,7 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
 def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_path: Path) -> None:
     choices = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11",
                "license": "none", "tensorboard": "no", "mlflow": "no", "wandb": "no", "slurm": "no", "container": "no",
-               "kubernetes": "no", "default_model": "resnet18",
+               "kubernetes": "no", "sweeps": "no", "default_model": "resnet18",
                "default_data": "cifar10", "default_task": "language_model"}  # fmt: skip
     project = bake(tmp_path, choices)
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)

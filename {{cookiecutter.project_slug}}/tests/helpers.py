@@ -285,11 +285,11 @@ def planned(mode: str, *argv: str, environ: dict[str, str] | None = None, cluste
     return plan(mode, args, {"CUDA_VISIBLE_DEVICES": "", **(environ or {})}, cluster or {})
 
 
-SWEEP_JOB = ["task=classification", "data=synthetic", "model=small_cnn", "data.train_size=64", "data.val_size=16"]
+TINY_JOB = ["task=classification", "data=synthetic", "model=small_cnn", "data.train_size=64", "data.val_size=16"]
 
 
 def quick_jobs(calls: list[list[str]], code: int = 0):
-    """torchrun's stand-in for sweeps: a point's job ends at once, leaving what a finished one leaves (its final
+    """torchrun's stand-in: a job (a sweep's point) ends at once, leaving what a finished one leaves (its final
     validation, val_loss = its learning rate; the finished marker), or exiting `code`."""
 
     def torchrun(launch, module, arguments, forwarder, failed=None) -> int:

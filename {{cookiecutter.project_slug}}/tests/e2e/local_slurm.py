@@ -1,9 +1,11 @@
 """A private Slurm cluster for tests (real slurmctld, slurmd; no /etc/slurm): two hosts played by two network
-namespaces on this machine (two_node_slurm); clients use SLURM_CONF."""
+namespaces on this machine (two_node_slurm); clients use SLURM_CONF. A test module's cluster:
+slurm_for_tests, one at a time on this machine."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pathlib
 import pwd
@@ -12,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +24,9 @@ TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 )
 MUNGE_KEY = pathlib.Path("/etc/munge/munge.key")
+# One cluster at a time on this machine: two test files on two xdist workers would share munged, which
+# the first to end stops.
+ONE_AT_A_TIME = pathlib.Path(tempfile.gettempdir()) / "ddp_template_local_slurm.lock"
 
 
 def _which(name: str) -> str:
@@ -228,3 +234,27 @@ def submit(script: pathlib.Path, env: dict[str, str], *args: str, cwd: pathlib.P
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout.strip().split(";")[0]  # "id" or "id;cluster"
+
+
+def slurm_for_tests(tmp_path_factory: Any) -> Iterator[tuple[dict[str, str], tuple[str, ...]]]:
+    """A test module's two-host Slurm (a module-scoped fixture's body): the environment its jobs run in (the
+    project's job_env and the cluster's SLURM_*, one process per node) and the prefix of a client command.
+    Skipped where no Slurm can run here; waits while another module's cluster runs (ONE_AT_A_TIME)."""
+    import pytest
+
+    from ..helpers import job_env
+
+    if reason := slurm_unavailable_reason():
+        pytest.skip(reason)
+    with open(ONE_AT_A_TIME, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, a skip included
+        try:
+            cluster = two_node_slurm(tmp_path_factory.mktemp("slurm2"))
+            env, where = cluster.__enter__()
+        except RuntimeError as error:
+            pytest.skip(f"no two-host Slurm here: {str(error).splitlines()[0]}")
+        try:
+            slurm = {k: v for k, v in env.items() if k.startswith("SLURM")}
+            yield {**job_env(), **slurm, "NPROC_PER_NODE": "1"}, where
+        finally:
+            cluster.__exit__(None, None, None)

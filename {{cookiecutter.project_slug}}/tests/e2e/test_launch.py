@@ -1,4 +1,4 @@
-"""The launch scripts and the launcher as users run them: errors, pass-through, sweeps, GPUs, installs."""
+"""The launch scripts and the launcher as users run them: errors, pass-through, GPUs, installs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from {{cookiecutter.package_name}}.launch.plan import plan
 from {{cookiecutter.package_name}}.launch.supervise import Forwarder, torchrun
 
 from ..helpers import PROJECT_DIR, PYTHON, SMALL, run
-from .jobs import last_line, project_copy, read_metrics
+from .jobs import last_line, project_copy
 
 
 # The one quick test of the three scripts themselves: each hands its mode and arguments to the launcher.
@@ -143,32 +143,6 @@ def test_the_ci_workflows_job_runs_and_torchrun_flags_pass_through_the_script(tm
 
 
 @pytest.mark.slow
-def test_a_sweep_runs_each_point_once_and_continues_where_it_stopped(tmp_path: Path) -> None:
-    """Two points, one refused before torchrun: one torchrun job, then one more for the point whose status
-    was lost. That a point done before is not trained again: the optuna sweep's test below, and
-    tests/launch/test_job.py (each status a point can have)."""
-    sweep_dir = tmp_path / "sweep"
-    command = ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"SWEEP_DIR={sweep_dir}", "-m",
-               "optim.lr=0.1,-1", *JOB]  # fmt: skip
-    first = run(command, expect_ok=False)
-    assert first.returncode == 1, "a failed point makes the sweep's exit code 1"
-    table = (sweep_dir / "results.md").read_text()
-    rows = [line for line in table.splitlines()[2:]]
-    assert len(rows) == 2 and "| done |" in rows[0] and "failed (optim.lr must be a number > 0" in rows[1], table
-    assert table in first.stdout
-    runs = sorted(path.name for path in sweep_dir.iterdir() if path.is_dir())
-    assert runs == ["000_optim.lr=0.1", "001_optim.lr=-1"]
-    assert read_metrics(sweep_dir / runs[0])[-1]["kind"] == "val"
-    # The first point was interrupted (its status lost): launched again, it resumes from its checkpoint.
-    (sweep_dir / runs[0] / "sweep_point.json").unlink()
-    again = run(command, expect_ok=False)
-    assert again.returncode == 1 and "point 0: optim.lr=0.1" in again.stdout
-    assert "training had already finished" in again.stderr, "the interrupted point resumed, not restarted"
-    assert json.loads((sweep_dir / runs[0] / "sweep_point.json").read_text())["status"] == "done"
-    assert (sweep_dir / "results.md").read_text().count("| done |") == 1
-
-
-@pytest.mark.slow
 def test_a_real_bug_is_named_by_rank_with_its_traceback(tmp_path: Path) -> None:
     project = project_copy(tmp_path / "project")
     (project / "buggy.py").write_text(
@@ -214,18 +188,3 @@ def test_pip_install_gives_a_working_package_with_its_configs(tmp_path: Path) ->
                    f"{package}.train", f"hydra.run.dir={elsewhere / 'run'}", *JOB], cwd=elsewhere, env=env)  # fmt: skip
     assert "final: val_loss=" in last_line(trained.stderr)
     assert sys.modules[package].__file__.startswith(str(PROJECT_DIR)), "the tests themselves use the source tree"
-
-
-@pytest.mark.slow
-def test_an_optuna_sweep_runs_one_torchrun_job_per_trial(tmp_path: Path) -> None:
-    sweep_dir = tmp_path / "sweep"
-    space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=tag(log,interval(0.01,0.3))"]
-    command = ["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"SWEEP_DIR={sweep_dir}", "-m", *space, *JOB]
-    first = run(command)
-    trials = [json.loads((sweep_dir / f"00{i}_trial" / "sweep_point.json").read_text()) for i in (0, 1)]
-    assert [trial["status"] for trial in trials] == ["done", "done"]
-    rates = [trial["params"]["optim.lr"] for trial in trials]
-    assert all(0.01 <= rate <= 0.3 for rate in rates) and rates[0] != rates[1]
-    assert "best trial:" in first.stdout and (sweep_dir / "results.md").read_text().count("| done |") == 2
-    again = run(command)
-    assert again.stdout.count("done before, not trained again") == 2

@@ -68,7 +68,7 @@ def test_cluster_env_gives_defaults_below_the_environment(tmp_path: Path) -> Non
         ("multi", ["NODE_RANK=0", "MASTER_PORT=70000"], "MASTER_PORT=70000 is outside 1..65535"),
         ("multi", ["NODE_RANK=0", "MASTER_PORT=0"], "MASTER_PORT=0 must be at least 1"),
         ("multi", ["NODE_RANK=1", "MASTER_ADDR=no-such-host.invalid"], "MASTER_ADDR=no-such-host.invalid does not"),
-        ("multi", ["NODE_RANK=0", "SWEEP_DIR=x"], "unknown key SWEEP_DIR"),
+        ("comm", ["NODE_RANK=0", "RUN_DIR=x"], "unknown key RUN_DIR"),
     ],
 )
 def test_bad_keys_are_one_line_errors(mode: str, argv: list[str], message: str) -> None:
@@ -82,7 +82,7 @@ def test_help_lists_every_key_with_its_default() -> None:
     for key in KEYS:
         if "multi" in key.modes:
             assert re.search(rf"^  {key.name} +{re.escape(key.default or '-')} ", text, flags=re.M), key.name
-    assert "RDZV_LAST_CALL_S" in text and "RUN_DIR" in text and "SWEEP_DIR" not in text
+    assert "RDZV_LAST_CALL_S" in text and "RUN_DIR" in text and "MASTER_ADDR" not in usage("single")
     scripts = {**SCRIPTS, **{mode: module.SCRIPT for mode, module in extra_modes().items()}}
     assert set(scripts.values()) == {path.name for path in (PROJECT_DIR / "scripts").glob("*.sh")}
     for mode, script in scripts.items():

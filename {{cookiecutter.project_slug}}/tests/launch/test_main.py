@@ -11,7 +11,7 @@ from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch import main as launch_module
 from {{cookiecutter.package_name}}.launch.main import main
 
-from ..helpers import SWEEP_JOB, free_port, quick_jobs
+from ..helpers import TINY_JOB, free_port, quick_jobs
 
 
 @pytest.mark.parametrize(("overrides", "message"), [(["dist.backend=nccl"], "dist.backend=nccl needs a GPU"),
@@ -38,19 +38,13 @@ def test_a_refused_launch_exits_2_with_one_line_and_leaves_no_run_dir(tmp_path: 
     assert not (tmp_path / "outputs").exists(), "a refused launch must not create a run dir"
 
 
-def test_a_job_runs_in_the_run_dir_given_and_submit_keys_need_a_sweep(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_job_runs_in_the_run_dir_given(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     calls: list[list[str]] = []
     monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
-    assert main(["single", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'mine'}", *SWEEP_JOB]) == 0
-    assert calls == [SWEEP_JOB] and (tmp_path / "mine" / "metrics.jsonl").is_file()
+    assert main(["single", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'mine'}", *TINY_JOB]) == 0
+    assert calls == [TINY_JOB] and (tmp_path / "mine" / "metrics.jsonl").is_file()
     assert not (tmp_path / "outputs").exists(), "RUN_DIR, not a new run dir under outputs/"
-    with pytest.raises(SystemExit) as exited:
-        main(["single", "SUBMIT_ARGS=--time=10", *SWEEP_JOB])
-    assert exited.value.code == 2 and len(calls) == 1
-    assert capsys.readouterr().err == (
-        "error: SUBMIT and SUBMIT_ARGS submit a sweep's points: give -m and a sweep, or leave them out\n"
-    )
 
 
 def test_a_nodes_launch_takes_the_defaults_of_scripts_cluster_env(tmp_path: Path, monkeypatch) -> None:
@@ -66,7 +60,7 @@ def test_a_nodes_launch_takes_the_defaults_of_scripts_cluster_env(tmp_path: Path
         return job(launch, *args, **kwargs)
 
     monkeypatch.setattr(job_module, "torchrun", torchrun)
-    assert main(["multi", "NODE_RANK=0", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'run'}", *SWEEP_JOB]) == 0
+    assert main(["multi", "NODE_RANK=0", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'run'}", *TINY_JOB]) == 0
     assert launches[0].values["MASTER_ADDR"] == "127.0.0.1" and launches[0].values["NNODES"] == "1"
 
 
@@ -77,7 +71,7 @@ def test_workers_the_kernel_killed_for_memory_are_named_in_one_line(tmp_path: Pa
     monkeypatch.setattr(job_module, "torchrun", quick_jobs([], code=code))
     counts = iter([3, 4])  # the cgroup's oom_kill count before the job and after: one worker killed
     monkeypatch.setattr(job_module, "oom_kills", lambda: next(counts))
-    assert main(["single", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'run'}", *SWEEP_JOB]) == code
+    assert main(["single", "NPROC_PER_NODE=1", f"RUN_DIR={tmp_path / 'run'}", *TINY_JOB]) == code
     line = (
         "the kernel's out-of-memory killer ended 1 process(es) of this job: lower NPROC_PER_NODE or data.batch_size, "
         "or give the job more memory"
@@ -93,9 +87,25 @@ def test_a_bad_omp_num_threads_is_refused_in_one_line_before_torchrun(tmp_path: 
     calls: list = []
     monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
     with pytest.raises(SystemExit) as exited:
-        main(["single", *SWEEP_JOB])
+        main(["single", *TINY_JOB])
     assert exited.value.code == 2 and not calls
     err = capsys.readouterr().err
     assert err.startswith(f"error: OMP_NUM_THREADS={threads}: give a whole number of threads per process, at least 1")
     assert err.count("\n") == 1, err
     assert not (tmp_path / "outputs").exists()
+
+
+def test_m_in_a_project_made_without_sweeps_is_one_line_before_any_job(tmp_path: Path, monkeypatch, capsys) -> None:
+    """cookiecutter's sweeps=no leaves no sweep.py: -m is then refused, not handed to Hydra or torchrun."""
+    from {{cookiecutter.package_name}}.launch import main as main_module
+
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    monkeypatch.setattr(main_module, "sweep_module", lambda: None)
+    for argv in (["single", "-m", "optim.lr=0.1,0.2", *TINY_JOB], ["multi", "NODE_RANK=0", "-m", *TINY_JOB]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2 and calls == [] and not (tmp_path / "outputs").exists()
+        said = "error: -m: this project was made without sweeps (cookiecutter's sweeps=no): launch each config as"
+        assert capsys.readouterr().err == f"{said} its own job\n"

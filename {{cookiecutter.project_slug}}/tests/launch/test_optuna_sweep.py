@@ -10,7 +10,7 @@ import pytest
 from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch.main import main
 
-from ..helpers import SWEEP_JOB, quick_jobs
+from ..helpers import TINY_JOB, quick_jobs
 
 
 def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_path: Path, monkeypatch, capsys):
@@ -24,7 +24,7 @@ def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_
     monkeypatch.setattr(optuna, "create_study", lambda **kwargs: studies.append(create_study(**kwargs)) or studies[-1])
     space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.direction=maximize",
              "optim.lr=tag(log,interval(0.01,0.3))", "optim.momentum=choice(0.8,0.9)"]  # fmt: skip
-    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *SWEEP_JOB]
+    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *TINY_JOB]
     assert main(list(command)) == 0
     trials = [json.loads((tmp_path / "sweep" / f"00{i}_trial" / "sweep_point.json").read_text()) for i in range(3)]
     rates = [trial["params"]["optim.lr"] for trial in trials]
@@ -43,7 +43,7 @@ def test_an_optuna_sweep_asks_its_sampler_for_each_trial_and_names_the_best(tmp_
     rates_again = [trial["params"]["optim.lr"] for trial in trials_again]
     assert rates_again == rates, "the sampler's seed (hydra.sweeper.seed): the same trials in a new sweep dir"
     with pytest.raises(SystemExit) as refused:
-        main(["single", "-m", "hydra/sweeper=optuna", *SWEEP_JOB])
+        main(["single", "-m", "hydra/sweeper=optuna", *TINY_JOB])
     assert refused.value.code == 2 and "found no search space" in capsys.readouterr().err
 
 
@@ -67,5 +67,5 @@ def test_the_best_trial_is_picked_among_the_trials_that_finished(tmp_path: Path,
     monkeypatch.setattr(job_module, "torchrun", lambda *args, **kwargs: jobs[min(len(calls), 1)](*args, **kwargs))
     space = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize",
              "optim.lr=choice(0.3)"]  # fmt: skip
-    assert main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *SWEEP_JOB]) == 1
+    assert main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={tmp_path / 'sweep'}", "-m", *space, *TINY_JOB]) == 1
     assert len(calls) == 2 and "best trial: 1 (" in capsys.readouterr().out, "not the failed one, as good as it looks"

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from {{cookiecutter.package_name}}.launch import job as job_module
+from {{cookiecutter.package_name}}.launch.keys import keys_of, parse_args, usage
 from {{cookiecutter.package_name}}.launch.main import main
 from {{cookiecutter.package_name}}.launch.supervise import Forwarder
 from {{cookiecutter.package_name}}.launch.sweep import point_dir_name, results_table, sweep_points
 
-from ..helpers import SWEEP_JOB, quick_jobs
+from ..helpers import TINY_JOB, quick_jobs
 
 
 def test_sweep_points_are_the_product_of_the_lists() -> None:
@@ -40,9 +41,9 @@ def test_a_sweep_runs_each_point_once_in_its_own_run_dir_and_tabulates_them(tmp_
     calls: list[list[str]] = []
     monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
     sweep_dir = tmp_path / "sweep"
-    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", "optim.lr=0.1,-1,0.05", *SWEEP_JOB]
+    command = ["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", "optim.lr=0.1,-1,0.05", *TINY_JOB]
     assert main(list(command)) == 1, "a failed point makes the sweep's exit code 1"
-    assert calls == [["optim.lr=0.1", *SWEEP_JOB], ["optim.lr=0.05", *SWEEP_JOB]], "the refused point never started"
+    assert calls == [["optim.lr=0.1", *TINY_JOB], ["optim.lr=0.05", *TINY_JOB]], "the refused point never started"
     points = sorted(path.name for path in sweep_dir.iterdir() if path.is_dir())
     assert points == ["000_optim.lr=0.1", "001_optim.lr=-1", "002_optim.lr=0.05"]
     status = [json.loads((sweep_dir / name / "sweep_point.json").read_text()) for name in points]
@@ -78,7 +79,7 @@ def test_a_sweep_stops_at_the_point_a_signal_stopped(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(Forwarder, "__init__", signalled)
     sweep_dir = tmp_path / "sweep"
-    code = main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", *space, *SWEEP_JOB])
+    code = main(["single", "NPROC_PER_NODE=1", f"SWEEP_DIR={sweep_dir}", "-m", *space, *TINY_JOB])
     assert code == 143 and len(calls) == 1, "the second point (or trial) never starts"
     assert f"sweep stopped by a signal: launch again with SWEEP_DIR={sweep_dir} to continue" in capsys.readouterr().out
     assert json.loads((sweep_dir / first / "sweep_point.json").read_text())["status"] == "stopped"
@@ -91,13 +92,32 @@ def test_a_sweep_without_a_sweep_dir_gets_a_new_one_and_one_that_follows_the_con
     monkeypatch.chdir(tmp_path)
     calls: list[list[str]] = []
     monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
-    assert main(["single", "NPROC_PER_NODE=1", "-m", "optim.lr=0.1,0.05", *SWEEP_JOB]) == 0
+    assert main(["single", "NPROC_PER_NODE=1", "-m", "optim.lr=0.1,0.05", *TINY_JOB]) == 0
     (made,) = (tmp_path / "outputs").iterdir()
     assert made.name.startswith("sweep_") and (made / "results.md").is_file() and len(calls) == 2
     with pytest.raises(SystemExit) as exited:
-        main(["single", "SWEEP_DIR=outputs/${model._target_}", "-m", "optim.lr=0.1,0.05", *SWEEP_JOB])
+        main(["single", "SWEEP_DIR=outputs/${model._target_}", "-m", "optim.lr=0.1,0.05", *TINY_JOB])
     assert exited.value.code == 2 and len(calls) == 2
     assert capsys.readouterr().err == (
         "error: SWEEP_DIR=outputs/${model._target_}: a sweep dir holds the runs of several configs, so it cannot "
         "follow one (${...}): give a plain path\n"
     )
+
+
+def test_a_sweeps_keys_without_m_are_refused_before_any_job(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(job_module, "torchrun", quick_jobs(calls))
+    with pytest.raises(SystemExit) as exited:
+        main(["single", "SUBMIT_ARGS=--time=10", *TINY_JOB])
+    assert exited.value.code == 2 and calls == [] and not (tmp_path / "outputs").exists()
+    assert capsys.readouterr().err == (
+        "error: SUBMIT and SUBMIT_ARGS submit a sweep's points: give -m and a sweep, or leave them out\n"
+    )
+
+
+def test_run_single_takes_the_sweeps_keys_and_no_other_mode_does() -> None:
+    assert [key.name for key in keys_of("single")][-3:] == ["SWEEP_DIR", "SUBMIT", "SUBMIT_ARGS"]
+    assert "  SWEEP_DIR " in usage("single") and "-m/--multirun (a sweep" in usage("single")
+    assert parse_args(["SWEEP_DIR=s", "-m", "optim.lr=1,2"], "single").keys == {"SWEEP_DIR": "s"}
+    assert not any(key.name.startswith(("SWEEP", "SUBMIT")) for key in keys_of("multi") + keys_of("comm"))

@@ -1,5 +1,5 @@
 """One training job: checked, its run dir made and locked, torchrun started, and its end told from
-the workers' markers; a sweep's point as one such job (run_point)."""
+the workers' markers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from ..common.run_dir import (
     read_marker,
 )
 from .checks import preflight
-from .keys import USER_ERROR_EXIT, LaunchArgs, LaunchError
+from .keys import LaunchArgs, LaunchError
 from .plan import Launch, debug_dir_environment
 from .rendezvous import check_rendezvous
 from .supervise import PACKAGE, Forwarder, say, torchrun
@@ -104,33 +103,6 @@ def is_refusal(failed: str | None) -> bool:
     """Whether the workers' FAILED_MARKER is their start's checks refusing the job (engine/assembly/entry.py):
     a user's mistake, said in one line, before any work."""
     return failed is not None and failed.strip().split("\n")[2:3] == [REFUSED]
-
-
-def run_point(
-    launch: Launch, index: int, point: list[str], run_dir: Path, forwarder: Forwarder, **recorded: object
-) -> dict:
-    """One point of a sweep as its own torchrun job, unless it finished before; its table row
-    (with `recorded`, kept in the run dir beside it)."""
-    status_file = run_dir / "sweep_point.json"
-    previous = json.loads(status_file.read_text()) if status_file.is_file() else {}
-    if previous.get("status") == "done":
-        print(f"point {index}: {' '.join(point)}: done before, not trained again", flush=True)
-        return previous
-    print(f"point {index}: {' '.join(point)}", flush=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    row = {"point": index, "overrides": point, "status": "running", "reason": "", "run_dir": str(run_dir),
-           "final": {}, **recorded}  # fmt: skip
-    status_file.write_text(json.dumps(row) + "\n")  # an interrupted point keeps its overrides: it resumes
-    try:
-        code = train(launch, LaunchArgs(overrides=point), run_dir, forwarder)
-        reason = "" if code == 0 else f"exit code {code}"
-    except LaunchError as error:
-        code, reason = USER_ERROR_EXIT, str(error)
-        print(f"error: {error}", file=sys.stderr, flush=True)
-    status = "done" if code == 0 else ("stopped" if forwarder.signal else "failed")
-    row.update(status=status, reason=reason, final=last_evaluation(run_dir) or {})
-    status_file.write_text(json.dumps(row) + "\n")
-    return row
 
 
 def new_dir(prefix: str = "") -> Path:

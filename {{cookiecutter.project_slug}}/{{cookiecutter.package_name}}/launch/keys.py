@@ -4,15 +4,19 @@ A mode of launch/modes/ brings its own keys and takes some of these (keys_of).""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from .modes import extra_modes
 
 USER_ERROR_EXIT = 2
 SCRIPTS = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh"}  # the launcher's modes
+SWEEP = f"{__package__}.sweep"  # -m on one node, where the project was made with it
 
 
 class LaunchError(ValueError):
@@ -36,12 +40,6 @@ KEYS = (
         env=("PET_MAX_RESTARTS",), modes=("single", "multi")),
     Key("RUN_DIR", "", "the run dir (default: a new outputs/<date>_<time>; many nodes: outputs/RUN_NAME); an "
         "existing one is resumed", modes=("single", "multi")),
-    Key("SWEEP_DIR", "", "with -m: the sweep's dir (default: a new outputs/sweep_<date>_<time>); "
-        "an existing one is continued", modes=("single",)),
-    Key("SUBMIT", "", "with -m: slurm submits each point as its own Slurm job and waits for them (docs/sweeps.md); "
-        "\"\": one after another here", modes=("single",)),
-    Key("SUBMIT_ARGS", "", "with SUBMIT=slurm: each point's submission options, e.g. SUBMIT_ARGS='--time=4:00:00'",
-        modes=("single",)),
     Key("NODE_RANK", "", "this node's rank: 0 on the first node, 1, 2, ... on the others",
         env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi", "comm")),
     Key("NNODES", "2", "N: static, exactly N nodes; MIN:MAX: elastic (c10d rendezvous; nodes may join and leave)",
@@ -67,10 +65,17 @@ KEYS = (
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 
 
+def sweep_module() -> ModuleType | None:
+    """launch/sweep.py (-m: its keys and its sweep), where the project was made with it (cookiecutter's sweeps)."""
+    return importlib.import_module(SWEEP) if importlib.util.find_spec(SWEEP) is not None else None
+
+
 def keys_of(mode: str) -> list[Key]:
-    """The keys `mode` takes: those of KEYS for it, or a mode of launch/modes/'s SHARED_KEYS and KEYS."""
+    """The keys `mode` takes: those of KEYS for it (and sweep.py's for single), or a mode of launch/modes/'s
+    SHARED_KEYS and KEYS."""
     if mode in SCRIPTS:
-        return [key for key in KEYS if mode in key.modes]
+        own = [key for key in KEYS if mode in key.modes]
+        return own + list(sweeps.KEYS) if mode == "single" and (sweeps := sweep_module()) is not None else own
     module = extra_modes()[mode]
     return [key for key in KEYS if key.name in module.SHARED_KEYS] + list(module.KEYS)
 
@@ -176,7 +181,9 @@ def usage(mode: str) -> str:
         lines.append(f"  {key.name:<19} {default:<6} {key.help}{env}")
     lines += [
         "",
-        "Hydra: -m/--multirun (a sweep, single node), --cfg job, --info, --resolve; overrides as below.",
+        "Hydra: "
+        + ("-m/--multirun (a sweep, single node), " if sweep_module() is not None else "")
+        + "--cfg job, --info, --resolve; overrides as below.",
         "torchrun: its flags after --, e.g. -- --log-dir=DIR --local-ranks-filter=0 --redirects=3",
     ]
     return "\n".join(lines)

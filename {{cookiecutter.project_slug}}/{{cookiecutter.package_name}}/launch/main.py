@@ -14,8 +14,8 @@ command line does not give them.
 The modules of launch/, one concern each: keys.py (the keys and the command line), plan.py
 (torchrun's arguments and the workers' environment), checks.py (the checks before torchrun),
 rendezvous.py (the nodes' meeting point), supervise.py (torchrun as a child, signals), job.py
-(one training job), sweep.py and optuna_sweep.py (-m), agent.py (torchrun itself, quieter); modes/ holds
-the modes the project was made with beyond these three, each printing what starts a job elsewhere.
+(one training job), agent.py (torchrun itself, quieter). What a project was made with beyond these is
+found where it is: sweep.py (-m, keys.sweep_module) and modes/ (modes that print what starts a job elsewhere).
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ from ..common.redaction import redact_text
 from ..common.run_dir import LAUNCH_COMMAND_ENV
 from .checks import check_comm_config
 from .job import train
-from .keys import SCRIPTS, USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, usage
+from .keys import SCRIPTS, USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, sweep_module, usage
 from .modes import extra_modes
 from .plan import plan, worker_environment
 from .rendezvous import check_rendezvous
 from .supervise import PACKAGE, Forwarder, say, torchrun
-from .sweep import sweep
 
 
 def fail(message: str) -> NoReturn:
@@ -75,6 +74,10 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
             return hydra_only(args)
         if args.hydra_flags and mode != "comm":
             return hydra_only(args)
+        sweeps = sweep_module()
+        if args.multirun and sweeps is None:
+            raise LaunchError("-m: this project was made without sweeps (cookiecutter's sweeps=no): launch each "
+                              "config as its own job")  # fmt: skip
         if args.multirun and mode != "single":
             raise LaunchError("-m (a sweep) runs on one node: use scripts/run_single.sh -m ...")
         launch = plan(mode, args, dict(os.environ), read_cluster_env(Path("scripts") / "cluster.env"))
@@ -83,10 +86,10 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
             check_comm_config(args.overrides, launch)
             check_rendezvous(launch)
             return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
-        if args.multirun:
-            return sweep(launch, args, forwarder)
-        if launch.values.get("SUBMIT") or launch.values.get("SUBMIT_ARGS"):
-            raise LaunchError("SUBMIT and SUBMIT_ARGS submit a sweep's points: give -m and a sweep, or leave them out")
+        if sweeps is not None and args.multirun:
+            return int(sweeps.sweep(launch, args, forwarder))
+        if sweeps is not None:
+            sweeps.check_one_job(launch)
         if mode == "multi":  # the same path on every node: RUN_DIR, or outputs/RUN_NAME
             run_dir: Path | None = Path(launch.values["RUN_DIR"] or Path("outputs") / launch.values["RUN_NAME"])
         else:

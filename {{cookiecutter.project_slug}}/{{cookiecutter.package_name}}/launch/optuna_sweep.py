@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from .checks import describe_composition_error
-from .job import run_point
 from .keys import LaunchError
 from .plan import Launch
 from .supervise import Forwarder
+from .sweep_point import run_point
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override

@@ -1,6 +1,6 @@
-"""-m: a sweep, each point its own torchrun job (job.run_point), one after another in one sweep dir, or
-with SUBMIT=slurm each its own Slurm job (cluster_sweep.py); a table of the points and their final figures
-(results.md)."""
+"""-m: a sweep, each point its own torchrun job (sweep_point.run_point), one after another in one sweep dir,
+or with SUBMIT=slurm each its own Slurm job (cluster_sweep.py); a table of the points and their final
+figures (results.md). Its launch keys (KEYS) are run_single.sh's where the project has this module."""
 
 from __future__ import annotations
 
@@ -10,11 +10,21 @@ from pathlib import Path
 from typing import cast
 
 from .checks import describe_composition_error
-from .job import new_dir, run_point
-from .keys import LaunchArgs, LaunchError
+from .job import new_dir
+from .keys import Key, LaunchArgs, LaunchError
 from .optuna_sweep import optuna_sweep
 from .plan import Launch
 from .supervise import Forwarder
+from .sweep_point import run_point
+
+KEYS = (
+    Key("SWEEP_DIR", "", "with -m: the sweep's dir (default: a new outputs/sweep_<date>_<time>); "
+        "an existing one is continued", modes=("single",)),
+    Key("SUBMIT", "", "with -m: slurm submits each point as its own Slurm job and waits for them (docs/sweeps.md); "
+        "\"\": one after another here", modes=("single",)),
+    Key("SUBMIT_ARGS", "", "with SUBMIT=slurm: each point's submission options, e.g. SUBMIT_ARGS='--time=4:00:00'",
+        modes=("single",)),
+)  # fmt: skip
 
 
 def sweep_points(overrides: list[str]) -> list[list[str]]:
@@ -77,6 +87,12 @@ def sweep(launch: Launch, args: LaunchArgs, forwarder: Forwarder) -> int:
     print(table, end="", flush=True)
     print(f"sweep dir: {sweep_dir} (results.md)", flush=True)
     return 0 if all(row["status"] == "done" for row in rows) else 1
+
+
+def check_one_job(launch: Launch) -> None:
+    """A launch without -m: this module's keys are a sweep's, refused there in one line."""
+    if launch.values.get("SUBMIT") or launch.values.get("SUBMIT_ARGS"):
+        raise LaunchError("SUBMIT and SUBMIT_ARGS submit a sweep's points: give -m and a sweep, or leave them out")
 
 
 def submitting_module():  # noqa: ANN201

@@ -8,6 +8,7 @@ propagates, after the process group is destroyed, so torchrun sees the failed wo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -54,6 +55,7 @@ from .compatibility import check_same_config_everywhere
 from .components import build_model, build_task, import_targets
 
 log = logging.getLogger(__name__)
+LAUNCHER_SWEEP = f"{__package__.split('.')[0]}.launch.sweep"  # -m of the launcher, where the project has it
 
 
 def accept_legacy_local_rank(argv: list[str]) -> None:
@@ -80,7 +82,9 @@ def prepare(argv: list[str]) -> None:
         if os.getppid() == 1:  # the agent is already gone
             sys.exit(1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and ("-m" in argv or "--multirun" in argv):
-        fail("-m under torchrun would make every rank run the whole sweep: use bash scripts/run_single.sh -m ...")
+        has_sweeps = importlib.util.find_spec(LAUNCHER_SWEEP) is not None
+        how = "use bash scripts/run_single.sh -m ..." if has_sweeps else "give torchrun one config at a time"
+        fail(f"-m under torchrun would make every rank run the whole sweep: {how}")
     register_configs()
     register_resolvers()
 
