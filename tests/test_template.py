@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -269,6 +270,31 @@ def readme_commands(heading: str) -> list[str]:
 
 def requirement_lines(path: Path) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in path.read_text().splitlines() if line.split("#", 1)[0].strip()]
+
+
+def test_each_readme_preset_is_one_command_that_bakes_what_it_names(tmp_path: Path) -> None:
+    """The README's presets as written, the template's path for gh:<org>/...: each bakes with the answers it
+    names and the defaults for the rest. The first is the smallest bake: every capability option `no` (an
+    option added to cookiecutter.json must join it)."""
+    commands = readme_commands("Presets")
+    assert len(commands) == 2, commands
+    choices = json.loads((TEMPLATE / "cookiecutter.json").read_text())
+    capabilities = {name for name, value in choices.items() if value == ["yes", "no"]} - {"git_init"}
+    for number, command in enumerate(commands):
+        words = shlex.split(command)
+        assert words[:3] == ["cookiecutter", "gh:<org>/ddp-template", "--no-input"], command
+        named = dict(word.split("=", 1) for word in words[3:])
+        out = tmp_path / str(number)
+        baked = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(out), str(TEMPLATE),
+                                *words[3:], "git_init=no"], capture_output=True, text=True)  # fmt: skip
+        assert baked.returncode == 0, baked.stderr[-2000:]
+        answers = json.loads(next(out.glob("*/.cookiecutter.json")).read_text())["cookiecutter"]
+        assert {name: answers[name] for name in named} == named
+        unnamed = [name for name, value in choices.items() if isinstance(value, list) and name not in named]
+        unnamed.remove("git_init")  # no in every bake of these tests
+        assert {name: answers[name] for name in unnamed} == {name: choices[name][0] for name in unnamed}
+        if number == 0:
+            assert {name: answers[name] for name in capabilities} == dict.fromkeys(capabilities, "no"), command
 
 
 @pytest.mark.slow
