@@ -90,6 +90,10 @@ BAKES = {
     "default_language_model": {"default_task": "language_model"},
 }
 
+# The bakes whose options take modules and tests that other files could import: collected whole as well.
+# (Every option off at once runs its quick part: test_project_with_every_other_choice_...)
+COLLECTED = ("no_slurm", "no_container", "no_kubernetes", "no_sweeps")
+
 
 def bake(tmp_path: Path, extra: dict[str, str]) -> Path:
     context = {"git_init": "no", **extra}
@@ -142,6 +146,12 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
     if answers["license"] != "none":
         assert f'license = {{ text = "{answers["license"]}" }}' in pyproject
         assert answers["author"] in (project / "LICENSE").read_text()
+    if name in COLLECTED:  # what stays imports nothing that went: ruff, and every test module collected
+        lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout[-3000:]
+        collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0"]
+        collected = subprocess.run(collect, cwd=project, capture_output=True, text=True, env=python_env())
+        assert collected.returncode == 0 and " collected" in collected.stdout, collected.stdout[-3000:]
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
