@@ -96,7 +96,8 @@ def test_two_static_nodes_train_together_and_resume_without_a_shared_filesystem(
 
 
 # RDZV_LAST_CALL_S=1: node 0 alone starts 1 s after its rendezvous opens, not 5 (the default), each time.
-ELASTIC = ["NNODES=1:2", "RDZV_LAST_CALL_S=1", *SMALL, "trainer.epochs=3", "data.train_size=2048", "checkpoint.every_n_steps=10"]
+ELASTIC = ["NNODES=1:2", "RDZV_LAST_CALL_S=1", *SMALL, "trainer.epochs=3", "data.train_size=2048",
+           "checkpoint.every_n_steps=10"]  # fmt: skip
 
 
 @pytest.mark.slow
