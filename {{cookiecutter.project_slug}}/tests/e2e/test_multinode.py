@@ -95,9 +95,7 @@ def test_two_static_nodes_train_together_and_resume_without_a_shared_filesystem(
     assert (final["kind"], final["epoch"]) == ("val", 1), final
 
 
-# RDZV_LAST_CALL_S=1: node 0 alone starts 1 s after its rendezvous opens, not 5 (the default), each time.
-ELASTIC = ["NNODES=1:2", "RDZV_LAST_CALL_S=1", *SMALL, "trainer.epochs=3", "data.train_size=2048",
-           "checkpoint.every_n_steps=10"]  # fmt: skip
+ELASTIC = ["NNODES=1:2", *SMALL, "trainer.epochs=3", "data.train_size=2048", "checkpoint.every_n_steps=10"]
 
 
 @pytest.mark.slow
