@@ -4,6 +4,7 @@ A mode of launch/modes/ brings its own keys and takes some of these (keys_of).""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -65,6 +66,7 @@ KEYS = (
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 
 
+@functools.cache  # looked for once per launch
 def sweep_module() -> ModuleType | None:
     """launch/sweep.py (-m: its keys and its sweep), where the project was made with it (cookiecutter's sweeps)."""
     return importlib.import_module(SWEEP) if importlib.util.find_spec(SWEEP) is not None else None
@@ -74,8 +76,8 @@ def keys_of(mode: str) -> list[Key]:
     """The keys `mode` takes: those of KEYS for it (and sweep.py's for single), or a mode of launch/modes/'s
     SHARED_KEYS and KEYS."""
     if mode in SCRIPTS:
-        own = [key for key in KEYS if mode in key.modes]
-        return own + list(sweeps.KEYS) if mode == "single" and (sweeps := sweep_module()) is not None else own
+        sweeps = sweep_module() if mode == "single" else None
+        return [key for key in KEYS if mode in key.modes] + list(sweeps.KEYS if sweeps is not None else ())
     module = extra_modes()[mode]
     return [key for key in KEYS if key.name in module.SHARED_KEYS] + list(module.KEYS)
 

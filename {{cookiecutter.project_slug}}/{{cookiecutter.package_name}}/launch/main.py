@@ -86,10 +86,10 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
             check_comm_config(args.overrides, launch)
             check_rendezvous(launch)
             return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
-        if sweeps is not None and args.multirun:
-            return int(sweeps.sweep(launch, args, forwarder))
         if sweeps is not None:
-            sweeps.check_one_job(launch)
+            if args.multirun:
+                return int(sweeps.sweep(launch, args, forwarder))
+            sweeps.check_one_job(launch)  # its keys without -m: one line
         if mode == "multi":  # the same path on every node: RUN_DIR, or outputs/RUN_NAME
             run_dir: Path | None = Path(launch.values["RUN_DIR"] or Path("outputs") / launch.values["RUN_NAME"])
         else:

@@ -8,11 +8,13 @@ and `main(args, environ) -> int`, which prints and starts nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from types import ModuleType
 
 
+@functools.cache  # the folder does not change while a launch runs: read once
 def extra_modes() -> dict[str, ModuleType]:
     """The modes this project has beyond the three of the launcher, by their word."""
     modules = [importlib.import_module(f".{info.name}", __name__) for info in pkgutil.iter_modules(__path__)]
