@@ -32,6 +32,7 @@ import torch.nn.functional as F
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_DIR))
 
+from {{cookiecutter.package_name}}.common.processes import exit_now  # noqa: E402
 from {{cookiecutter.package_name}}.common.run_dir import register_resolvers  # noqa: E402
 from {{cookiecutter.package_name}}.config import PRECISIONS, DistConfig, register_configs, to_train_config  # noqa: E402
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer  # noqa: E402
@@ -257,4 +258,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # as train.py: no interpreter teardown (gloo's threads aborted it: "terminate called")

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from {{cookiecutter.package_name}}.common.processes import exit_now  # noqa: E402
 from {{cookiecutter.package_name}}.config import COMM_HOOKS, DDPConfig, DistConfig  # noqa: E402
 from {{cookiecutter.package_name}}.engine.assembly.components import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.engine.distributed.comm_hooks import register_comm_hook  # noqa: E402
@@ -124,4 +125,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # as train.py: no interpreter teardown (gloo's threads aborted it: "terminate called")

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from {{cookiecutter.package_name}}.common.processes import exit_now  # noqa: E402
 from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, FSDPConfig  # noqa: E402
 from {{cookiecutter.package_name}}.engine.assembly.components import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.engine.distributed.process_group import distributed  # noqa: E402
@@ -121,4 +122,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # as train.py: no interpreter teardown (gloo's threads aborted it: "terminate called")
