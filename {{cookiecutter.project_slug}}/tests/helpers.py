@@ -132,6 +132,11 @@ def on_ranks(world_size: int, function: Callable[..., object], *args: object, ti
             if not ok:  # the others may wait on it in a collective: no need to wait for them
                 break
     finally:
+        if not all(ok for ok, _ in outcome.values()):  # how the others end: a peer that crashed says why here
+            given = time.monotonic() + 2
+            for process in processes:
+                process.join(timeout=max(0.0, given - time.monotonic()))
+        others = {rank: process.exitcode for rank, process in enumerate(processes) if rank not in outcome}
         for process in processes:
             process.kill()
             process.join()
@@ -139,7 +144,9 @@ def on_ranks(world_size: int, function: Callable[..., object], *args: object, ti
     for rank in sorted(outcome):
         ok, value = outcome[rank]
         if not ok:
-            pytest.fail(f"rank {rank} failed:\n{value}")
+            ended = ", ".join(f"rank {other}: {'running' if code is None else f'exit code {code}'}"
+                              for other, code in others.items())  # fmt: skip
+            pytest.fail(f"rank {rank} failed{f' (then {ended})' if ended else ''}:\n{value}")
     return [pickle.loads(outcome[rank][1]) for rank in range(world_size)]  # type: ignore[arg-type]
 
 
