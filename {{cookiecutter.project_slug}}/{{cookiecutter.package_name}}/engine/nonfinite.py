@@ -23,7 +23,7 @@ import torch
 
 from ..common.errors import ConfigError, JobError
 from ..common.placement import DistEnv
-from .distributed.process_group import all_gather_bytes
+from .distributed.process_group import all_gather_bytes, all_gather_int
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,9 @@ class NonFiniteWatch:
         if env.is_main:
             with path.open("a") as file:  # a relaunch that meets another such step adds its record
                 file.write(json.dumps(record) + "\n")
+        # The record on disk before any rank raises: the launcher stops the whole job at the first
+        # rank's error line, rank 0 with it, whether or not it had written the file yet.
+        all_gather_int(0, env.device)
         return JobError(error_line(record, path))
 
 
