@@ -47,15 +47,22 @@ def check_no_credentials(url: str, key: str) -> None:
         )
 
 
-def filesystem(url: str, key: str = "url") -> tuple[Any, str]:
+# A client that tries each request once: botocore retries a refused connection for about 12 s by
+# itself, which a caller that retries within its own bound (checkpoint.store_retry_s) would overrun.
+SINGLE_ATTEMPT = {"s3": {"config_kwargs": {"retries": {"total_max_attempts": 1}}}}
+
+
+def filesystem(url: str, key: str = "url", single_attempt: bool = False) -> tuple[Any, str]:
     """The fsspec file system of `url` and the path inside it; one line where its package is missing
-    or the URL carries credentials (`key`: the setting that named it)."""
+    or the URL carries credentials (`key`: the setting that named it). `single_attempt`: the client
+    does not retry (SINGLE_ATTEMPT), for a caller that retries by itself."""
     import fsspec
 
     check_no_credentials(url, key)
     protocol = url.split("://", 1)[0]
+    options = SINGLE_ATTEMPT.get(protocol, {}) if single_attempt else {}
     try:
-        return fsspec.core.url_to_fs(url, skip_instance_cache=True)  # the environment as it is now
+        return fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)  # the environment as it is now
     except ImportError:
         package = PACKAGES.get(protocol, f"the fsspec package for {protocol}://")
         raise ConfigError(

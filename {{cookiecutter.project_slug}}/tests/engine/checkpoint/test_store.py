@@ -71,21 +71,21 @@ def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk
 
 @pytest.mark.slow
 def test_a_store_that_stops_answering_is_retried_then_one_line_says_it_cannot_be_listed(
-    s3_server, tmp_path, monkeypatch
+    s3_server, tmp_path, caplog
 ) -> None:
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: ours are the point here
     url = f"{s3_server.bucket()}/run"
     writer = Checkpointer(tmp_path, config(url, retry_s=1.5), is_writer=True)
     writer.save(1, state(1))
     writer.wait()
     s3_server.stop()
-    started = time.monotonic()
     writer.save(2, state(2))
-    with pytest.raises(JobError) as stopped:
+    with caplog.at_level(logging.WARNING), pytest.raises(JobError) as stopped:
         writer.wait()
-    waited = time.monotonic() - started
     message = str(stopped.value)
-    assert 1.0 < waited < 20, f"retried for about checkpoint.store_retry_s, not forever ({waited:.1f} s)"
+    # Retried here, after 0.5 s and 1 s, within the 1.5 s: botocore, left to retry a refused connection by
+    # itself, would take about 12 s over its first try, and the job would stop long after store_retry_s.
+    retries = [record for record in caplog.records if "saving step_00000002.pt failed" in record.getMessage()]
+    assert len(retries) >= 2, [record.getMessage() for record in caplog.records]
     assert message.startswith(f"checkpoint.dir={url}: saving step_00000002.pt failed for 2 s"), message
     assert (
         f"the store could not be listed to say which checkpoint it holds (the last one uploaded: "

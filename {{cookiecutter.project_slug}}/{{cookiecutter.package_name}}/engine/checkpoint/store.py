@@ -6,7 +6,8 @@ node, with an empty local disk, finds the newest whole one there and brings it d
   upload has completed. A folder of shards (fsdp) is whole once its `trainer.pt` is there, which
   goes up last; a folder without it (an upload cut by a kill) is never resumed, and is removed
   with the checkpoints `keep_last` prunes.
-- A store that fails is retried with back-off for `checkpoint.store_retry_s`; then the job stops
+- A store that fails is retried with back-off for `checkpoint.store_retry_s` (here only: the client
+  tries each request once, common/storage.py's SINGLE_ATTEMPT); then the job stops
   with one line (JobError) naming the newest checkpoint the store lists then (listed once more to
   say it: a store that came back empty holds none), and the local copies, which stay.
 - The store and the local folder are one history: a resume takes the newest whole checkpoint of
@@ -44,7 +45,7 @@ class CheckpointStore:
         self.shown = redact_text(self.url)
         self.retry_s = retry_s
         self.local = local  # the local copies, named in the stop line
-        self.fs, self.root = filesystem(self.url, "checkpoint.dir")
+        self.fs, self.root = filesystem(self.url, "checkpoint.dir", single_attempt=True)  # the retries: retrying()
         self.last_uploaded: str | None = None
 
     def retrying(self, what: str, action: Callable[[], T]) -> T:
