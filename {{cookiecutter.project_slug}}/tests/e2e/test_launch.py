@@ -179,6 +179,10 @@ def test_pip_install_gives_a_working_package_with_its_configs(tmp_path: Path) ->
                     str(target), str(PROJECT_DIR)], check=True, capture_output=True)  # fmt: skip
     package = "{{cookiecutter.package_name}}"
     assert (target / package / "configs" / "model" / "small_cnn.yaml").is_file()
+    source = PROJECT_DIR / package  # every module installed: a package left out of the list goes unseen elsewhere
+    missing = [str(path.relative_to(source)) for path in source.rglob("*.py")
+               if not (target / package / path.relative_to(source)).is_file()]  # fmt: skip
+    assert not missing, f"not installed (pyproject.toml's [tool.setuptools] packages): {missing}"
     elsewhere = tmp_path / "elsewhere"  # not the project: only the installed package can be found
     elsewhere.mkdir()
     env = {"PYTHONPATH": str(target)}
