@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .strategies.fsdp import local
+from .distributed.dtensors import local
 
 log = logging.getLogger(__name__)
 

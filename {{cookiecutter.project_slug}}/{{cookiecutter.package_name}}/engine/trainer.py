@@ -27,12 +27,11 @@ import contextlib
 import itertools
 import logging
 import math
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -51,6 +50,7 @@ from .callbacks import Callbacks
 from .checkpoint.manager import CheckpointManager, agree_on_checkpoint
 from .data.loader import Data
 from .data.sampler import ResumableDistributedSampler
+from .distributed.dtensors import is_sharded
 from .distributed.process_group import all_reduce_sum, weights_fingerprint
 from .ema import EMA, NoEMA
 from .evaluate import EvalResult, evaluate
@@ -60,9 +60,6 @@ from .preemption import StopOnSigterm
 from .schedule import Schedule
 from .state import TrainState, run_finished
 from .strategies import Strategy
-
-if TYPE_CHECKING:
-    from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 
@@ -590,11 +587,3 @@ def optimizer_steps(
         real_samples = sampler.real_samples_in_step(samples_done, count)
         yield OptimizerStep(itertools.islice(batches, count), count, real_samples)
         left, samples_done = left - count, samples_done + real_samples
-
-
-def is_sharded(tensor: object) -> TypeGuard[DTensor]:
-    """A DTensor: fsdp's and hsdp's sharded gradients and norms. Asked without importing
-    torch.distributed.tensor (a second of the start of eval.py, predict.py and a one-process run; a
-    DDP or sharded job imports it anyway)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is not None and isinstance(tensor, dtensor.DTensor)

@@ -12,16 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torchvision
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
-from {{cookiecutter.package_name}}.config import FSDPConfig, to_train_config
+from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
-from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, find_blocks, per_rank_bytes
-from {{cookiecutter.package_name}}.models import GPT, SmallCNN
+from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, per_rank_bytes
 
 from ...helpers import TINY, assert_same, compose_config, cpu_env, on_ranks, run
 
@@ -57,21 +55,6 @@ def test_the_launch_script_refuses_a_ddp_option_under_fsdp_before_torchrun(tmp_p
     assert proc.returncode == 2 and "torchrun" not in proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ddp.comm_hook=fp16 is a DDP option")
     assert not (tmp_path / "run").exists()
-
-
-def test_the_blocks_are_the_repeated_units_or_the_named_classes() -> None:
-    gpt = GPT(block_size=8, layers=3, width=16, heads=2)
-    assert find_blocks(gpt, []) == list(gpt.blocks)
-    resnet = torchvision.models.resnet18()
-    assert find_blocks(resnet, []) == [resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4]
-    assert len(find_blocks(resnet, ["BasicBlock"])) == 8
-    assert find_blocks(SmallCNN(num_classes=3), []) == []  # the root only
-    assert FSDPConfig(blocks=[], reshard_after_forward=True, cpu_offload=False).blocks == []
-    with pytest.raises(ConfigError) as error:  # a typo would shard nothing block by block: the whole model at once
-        find_blocks(gpt, ["Blok"])
-    assert str(error.value).startswith("fsdp.blocks=['Blok'] names no class GPT has: name its repeated blocks' ")
-    assert "(it has Block, " in str(error.value)
-    assert find_blocks(gpt, ["Block", "Bottleneck"]) == list(gpt.blocks), "a list for several models"
 
 
 def test_fsdp_blocks_under_ddp_is_taken_for_activation_checkpointing_only() -> None:

@@ -2,7 +2,7 @@
 instead of kept from the forward: less memory for activations, about one more forward of time.
 
 The blocks are those fsdp shards one by one (fsdp.blocks, else the model's repeated units:
-strategies/fsdp.py), so the same setting means the same under ddp, fsdp and hsdp. Applied to the
+engine/blocks.py), so the same setting means the same under ddp, fsdp and hsdp. Applied to the
 plain model before the strategy spreads it; parameter names do not change, so checkpoints with
 and without it are interchangeable. The recomputation replays each block's random draws (dropout).
 """
@@ -14,7 +14,7 @@ import logging
 from torch import nn
 
 from ...common.errors import ConfigError
-from ..strategies.fsdp import find_blocks
+from ..blocks import find_blocks
 
 log = logging.getLogger(__name__)
 

@@ -20,27 +20,12 @@ from torch import nn
 
 from ...common.errors import ConfigError
 from ...config import CheckpointConfig, FSDPConfig
+from ..blocks import find_blocks
+from ..distributed.dtensors import local
 from ..distributed.process_group import all_reduce_sum
 from . import Strategy
 
 log = logging.getLogger(__name__)
-
-
-def find_blocks(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
-    """The modules to shard one by one: those of the named classes, else the model's repeated units
-    (the items of its ModuleLists, a torchvision ResNet's layer1..layer4)."""
-    if class_names:
-        present = {type(module).__name__ for module in model.modules()}
-        if not present & set(class_names):  # a typo would gather the whole model at once, said only in passing
-            raise ConfigError(  # (one list may name the blocks of several models: [BasicBlock,Bottleneck])
-                f"fsdp.blocks={list(class_names)} names no class {type(model).__name__} has: name its repeated "
-                f"blocks' classes (it has {', '.join(sorted(present)[:12])}), or [] for the automatic ones"
-            )
-        return [module for module in model.modules() if type(module).__name__ in class_names]
-    stages = [getattr(model, name, None) for name in ("layer1", "layer2", "layer3", "layer4")]
-    if all(isinstance(stage, nn.Module) for stage in stages):
-        return cast(list[nn.Module], stages)
-    return [item for module in model.modules() if isinstance(module, nn.ModuleList) for item in module]
 
 
 def class_name(block: nn.Module) -> str:
@@ -143,13 +128,6 @@ class FSDP(Strategy):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # a full state dict: tensors alone
         return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor: the local shard of a DTensor, the tensor itself otherwise."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def finite(model: nn.Module) -> torch.Tensor:
