@@ -47,6 +47,7 @@ from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
 from ..tasks import Task, sample_weights
 from .callbacks import Callbacks
+from .checkpoint.files import shards_reader
 from .checkpoint.manager import CheckpointManager, agree_on_checkpoint
 from .data.loader import Data
 from .data.sampler import ResumableDistributedSampler
@@ -386,9 +387,7 @@ class Trainer:
         path, payload = found
         self.strategy.load_state_dict(payload, path)
         if "model" not in payload:  # a folder of shards: the EMA is read in place
-            from .checkpoint.sharded import load_owner_tensors  # torch.distributed.checkpoint: slow to import
-
-            payload = {**payload, **load_owner_tensors(path, [self.ema])}
+            payload = {**payload, **shards_reader(path).load_owner_tensors(path, [self.ema])}
         self.ema.load_state_dict(payload)
         return best[0]
 

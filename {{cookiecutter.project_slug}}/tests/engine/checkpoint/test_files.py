@@ -3,6 +3,7 @@ the unsafe advice (the writer that prunes and sets files aside: test_writer.py).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -18,6 +19,7 @@ from {{cookiecutter.package_name}}.engine.checkpoint.files import (
     load_checkpoint,
     owner_id,
     remove,
+    shards_reader,
     to_cpu,
     write_atomically,
     write_text_atomically,
@@ -91,3 +93,15 @@ def test_a_bare_best_is_the_newest_runs_best_checkpoint(tmp_path: Path, monkeypa
         (folder / "best.json").write_text(json.dumps({"best": ["step_00000004.pt"]}))
         os.utime(folder / "best.json", (1000 + number, [1000, 3000, 500][number]))
     assert best_checkpoint(Path("best")) == Path("outputs/newer/checkpoints/step_00000004.pt")
+
+
+def test_a_folder_of_shards_is_read_by_sharded_py_or_refused_in_one_line_where_the_project_has_none(
+    tmp_path: Path, monkeypatch
+) -> None:
+    assert shards_reader(tmp_path).__name__ == "{{cookiecutter.package_name}}.engine.checkpoint.sharded"
+    found = importlib.util.find_spec  # a project made with fsdp=no: no sharded.py beside files.py
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name.endswith(".sharded") else found(name))
+    with pytest.raises(ConfigError) as refused:
+        shards_reader(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path} is a folder of shards (strategy=fsdp or hsdp), and this project "
+                                         "was made without them (cookiecutter's fsdp=no): export")  # fmt: skip

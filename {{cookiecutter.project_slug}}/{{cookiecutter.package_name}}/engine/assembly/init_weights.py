@@ -24,7 +24,7 @@ from torch import nn
 from ...common.errors import ConfigError
 from ...common.placement import DistEnv
 from ...common.storage import local_path
-from ..checkpoint.files import TRAINER_FILE, NotACheckpoint, load_checkpoint
+from ..checkpoint.files import TRAINER_FILE, NotACheckpoint, load_checkpoint, shards_reader
 from ..checkpoint.hf import is_gpt2_folder, read_gpt2
 from ..checkpoint.trust import check_trusted, saved_config
 from ..distributed.process_group import broadcast_bytes, is_distributed
@@ -42,11 +42,10 @@ def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None
     if model is not None and is_gpt2_folder(path):
         return read_gpt2(path, model)
     if path.is_dir():
-        from ..checkpoint.sharded import read_whole  # torch.distributed.checkpoint: slow to import
-
         check_folder_trusted(path / TRAINER_FILE, trust)
+        reader = shards_reader(path)
         try:
-            whole = read_whole(path)
+            whole = reader.read_whole(path)
             return with_average(whole["model"], whole.get("ema"), path)
         except Exception as error:
             raise ConfigError(f"model.init_from={path}: not a folder of shards that loads ({error})"[:300]) from None

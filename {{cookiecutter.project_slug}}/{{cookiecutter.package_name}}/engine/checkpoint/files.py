@@ -13,12 +13,15 @@ one: manager.py).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, BinaryIO
 
 import torch
@@ -35,6 +38,20 @@ TMP_PREFIX = ".tmp_"
 TRAINER_FILE, METADATA_FILE = "trainer.pt", ".metadata"  # in a folder of shards: all but the tensors; DCP's
 BEST_FILE = "best.json"  # checkpoint.keep_best's checkpoints, best first (writer.py)
 OWNER_FILE = ".owner"  # in a checkpoint.dir (a folder or a store's prefix): the run dir of the run it belongs to
+
+
+def shards_reader(path: Path) -> ModuleType:
+    """What reads a folder of shards (fsdp's and hsdp's checkpoints): sharded.py, imported at its first use
+    (torch.distributed.checkpoint: 1.7 s to import); one line where this project was made without the
+    sharded strategies (cookiecutter's fsdp=no), which a folder from another project's run meets."""
+    name = f"{__package__}.sharded"
+    if importlib.util.find_spec(name) is None:
+        raise ConfigError(
+            f"{path} is a folder of shards (strategy=fsdp or hsdp), and this project was made without them "
+            "(cookiecutter's fsdp=no): export its weights to one file with the project that wrote it (python "
+            "export.py ckpt_path=<it>) and give that file as model.init_from"
+        )
+    return importlib.import_module(name)
 
 
 def local_folder(run_dir: Path, config: CheckpointConfig) -> Path:

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from .files import check_format_version, load_checkpoint, restore
+from .files import check_format_version, load_checkpoint, restore, shards_reader
 
 
 def load_weights(path: Path, model: nn.Module, payload: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -19,9 +19,7 @@ def load_weights(path: Path, model: nn.Module, payload: dict[str, Any] | None = 
     payload = payload if payload is not None else load_checkpoint(path)
     check_format_version(path, payload)
     if path.is_dir():
-        from .sharded import load_weights as load_sharded_weights  # torch.distributed.checkpoint: slow to import
-
-        load_sharded_weights(path, model)
+        shards_reader(path).load_weights(path, model)
         return payload
     restore(model, payload, path)
     if payload.get("ema"):
@@ -32,7 +30,5 @@ def load_weights(path: Path, model: nn.Module, payload: dict[str, Any] | None = 
 def has_ema(path: Path, payload: dict[str, Any]) -> bool:
     """Whether the checkpoint holds an EMA of the weights (trainer.ema), which load_weights gives."""
     if path.is_dir():
-        from .sharded import saved_keys
-
-        return "ema" in saved_keys(path)
+        return "ema" in shards_reader(path).saved_keys(path)
     return bool(payload.get("ema"))

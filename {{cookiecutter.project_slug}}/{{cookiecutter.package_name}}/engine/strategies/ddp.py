@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ...common.errors import ConfigError
 from ...common.placement import DistEnv
 from ...config import CheckpointConfig, DDPConfig
-from ..checkpoint.files import restore
+from ..checkpoint.files import restore, shards_reader
 from ..checkpoint.writer import Checkpointer
 from ..distributed.comm_hooks import hook_state_dict, load_hook_state, register_comm_hook
 from ..distributed.process_group import is_distributed
@@ -84,9 +84,7 @@ class DDP(Strategy):
     def load_state_dict(self, payload: dict[str, Any], source: Path) -> None:
         assert self.model is not None and self.optimizer is not None
         if "model" not in payload:  # a folder of shards (fsdp, hsdp): each rank reads the tensors whole
-            from ..checkpoint.sharded import load_sharded  # torch.distributed.checkpoint: 1.7 s to import
-
-            load_sharded(source, self.model, self.optimizer)
+            shards_reader(source).load_sharded(source, self.model, self.optimizer)
         else:
             restore(self.model, payload, source)
             self.optimizer.load_state_dict(payload["optimizer"])
