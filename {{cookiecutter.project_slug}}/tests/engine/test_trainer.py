@@ -441,6 +441,23 @@ def half_masked_windows() -> tuple[list, list]:
     return [window(i, i % 2 == 1) for i in range(4)], [window(30 + i, True) for i in range(3)]
 
 
+def test_a_log_line_over_two_steps_says_their_totals_over_their_items_together(tmp_path) -> None:
+    """A (total, count) loss's train_loss over a log interval is all its steps' totals over all their items:
+    with windows of one length (as many items each step), the mean of the same run's lines logged every step.
+    (Each step's items only, as a sampled mutant had it, said twice the loss: docs/layout.md.)"""
+    losses = {}
+    for every in (1, 2):
+        overrides = ["task=language_model", "model.width=16", "model.layers=1", "model.heads=2", "data.block_size=8",
+                     "data.train_samples=64", "data.val_samples=8", "trainer.max_steps=4",
+                     f"trainer.log_every_n_steps={every}"]  # fmt: skip
+        build_trainer(to_train_config(compose_config(overrides)), CPU, tmp_path / str(every)).fit()
+        records = [json.loads(line) for line in (tmp_path / str(every) / "metrics.jsonl").read_text().splitlines()]
+        losses[every] = [record["train_loss"] for record in records if record["kind"] == "train"]
+    assert len(losses[1]) == 4 and len(losses[2]) == 2, losses
+    for first, second, joined in zip(losses[1][::2], losses[1][1::2], losses[2], strict=True):
+        assert joined == pytest.approx((first + second) / 2, rel=1e-6), losses
+
+
 def test_a_total_and_count_loss_that_counted_nothing_is_nan_said_why_counted_and_never_best(tmp_path, caplog) -> None:
     """Before: a log line of only empty steps said train_loss=0.0, a validation of no items val_loss=0.000000,
     and that validation was ranked best. Now: NaN, a line that says why (not a divergence), the empty steps
