@@ -484,5 +484,6 @@ def test_a_total_and_count_loss_that_counted_nothing_is_nan_said_why_counted_and
     said = caplog.text
     assert said.count("train_loss is NaN: the 1 step since the last log line counted no items (every target "
                       "masked?) and took no gradient") == 2  # fmt: skip
+    assert len(re.findall(r"step \d: train_loss=nan .* samples/s empty_steps=1$", said, re.MULTILINE)) == 2, said
     assert said.count("val_loss, val_bpb are NaN: the validation counted no items") == 2
     assert "diverged" not in said
