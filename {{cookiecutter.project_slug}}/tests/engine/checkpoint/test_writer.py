@@ -25,19 +25,23 @@ def save(checkpoints: Checkpointer, step: int) -> None:
 
 
 @pytest.mark.parametrize("keep_last", [1, 3])
-def test_unreadable_files_are_set_aside_and_never_push_a_good_checkpoint_out(tmp_path: Path, keep_last: int) -> None:
+def test_unreadable_files_are_set_aside_and_never_push_a_good_checkpoint_out(
+    tmp_path: Path, keep_last: int, caplog
+) -> None:
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     for step in (901, 902, 903):  # newer than anything this run writes, and not checkpoints
         (folder / f"step_{step:08d}.pt").write_bytes(b"not a checkpoint" * step)
+    torch.save({"weights": torch.ones(2)}, folder / "step_00000904.pt")  # loads, but holds no checkpoint
     checkpoints = checkpointer(folder, keep_last)
     for step in (1, 2, 3, 4):
         save(checkpoints, step)
     kept = sorted(path.name for path in folder.glob("step_*.pt"))
     assert kept == [f"step_{step:08d}.pt" for step in range(5 - keep_last, 5)]
     assert sorted(path.name for path in folder.glob("*.unreadable")) == [
-        f"step_{step:08d}.pt.unreadable" for step in (901, 902, 903)
+        f"step_{step:08d}.pt.unreadable" for step in (901, 902, 903, 904)
     ]
+    assert "step_00000904.pt is not a valid checkpoint (no 'model' or 'step'): set aside" in caplog.text
 
 
 def test_the_best_checkpoints_are_kept_apart_from_keep_last_and_listed_best_first(tmp_path: Path) -> None:
