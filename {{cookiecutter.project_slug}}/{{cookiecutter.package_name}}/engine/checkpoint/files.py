@@ -48,8 +48,8 @@ def shards_reader(path: Path) -> ModuleType:
     if importlib.util.find_spec(name) is None:
         raise ConfigError(
             f"{path} is a folder of shards (strategy=fsdp or hsdp), and this project was made without them "
-            "(cookiecutter's fsdp=no): export its weights to one file with the project that wrote it (python "
-            "export.py ckpt_path=<it>) and give that file as model.init_from"
+            "(cookiecutter's fsdp=no): export its weights to one file with the project that wrote it (python -m "
+            f"{__package__.split('.')[0]}.export {path} weights.pt) and give that file as model.init_from"
         )
     return importlib.import_module(name)
 
