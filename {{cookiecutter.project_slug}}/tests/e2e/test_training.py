@@ -1,8 +1,10 @@
-"""Real torchrun jobs on CPU with gloo: training learns, logs per rank, evaluates exactly."""
+"""Real torchrun jobs on CPU with gloo: training learns, logs per rank, evaluates exactly, and profiles
+the steps asked for (trainer.profile_steps: one Chrome trace per rank in <run dir>/profile/)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ def trained_run(tmp_path_factory) -> tuple[Path, str]:
             *SMALL,
             "trainer.epochs=3",
             "data.train_size=2048",
+            "trainer.profile_steps=3:4",  # test_the_asked_steps_are_profiled_in_one_trace_per_rank
         ]
     )
     return run_dir, proc.stdout + proc.stderr
@@ -35,7 +38,7 @@ def test_two_processes_learn(trained_run) -> None:
     run_dir, output = trained_run
     final = [m for m in read_metrics(run_dir) if m["kind"] == "val"][-1]
     assert final["val_acc"] > 0.8, final
-    assert final["val_samples"] == 999
+    assert final["val_samples"] == 251
     assert f"run dir: {run_dir}" in output
     assert "world size 2" in output
 
@@ -68,18 +71,42 @@ def test_rank_logs_metrics_and_config_are_left(trained_run) -> None:
     assert (run_dir / ".hydra" / "config.yaml").is_file()
 
 
+def trace_steps(path: Path) -> list[int]:
+    """The optimizer steps a trace file holds: its ProfilerStep#<N> spans."""
+    events = json.loads(path.read_text())["traceEvents"]
+    return sorted({int(m.group(1)) for e in events if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")))})
+
+
+def test_the_asked_steps_are_profiled_in_one_trace_per_rank(trained_run) -> None:
+    run_dir, output = trained_run
+    for rank in (0, 1):
+        traces = list((run_dir / "profile").glob(f"rank_{rank}.*.pt.trace.json"))  # tensorboard_trace_handler's
+        assert len(traces) == 1, output[-3000:]  # two: a worker crashed and torchrun restarted the job
+        assert trace_steps(traces[0]) == [3, 4], traces[0]
+    assert "profile of steps 3-4" in output and "Self CPU time total" in output, output[-3000:]
+
+
+def test_a_bad_profile_range_stops_the_launch_with_one_line(tmp_path: Path) -> None:
+    """(The other bad ranges: tests/observe/test_profiling.py, in-process.)"""
+    command = ["bash", "scripts/run_single.sh", f"RUN_DIR={tmp_path / 'run'}", *SMALL, "trainer.profile_steps=5:3"]
+    proc = run(command, expect_ok=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: trainer.profile_steps=5:3: START is after END")
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
 def test_eval_is_identical_at_world_sizes_1_2_3(trained_run) -> None:
     run_dir, _ = trained_run
     checkpoint = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1]
     lines = set()
-    for nproc in (1, 3):  # and 2: the training run's own validation of the same weights, compared below
-        proc = torchrun("eval.py", nproc, f"ckpt_path={checkpoint}", "data.batch_size=7")
+    # 1 process (plain python: a world of one) and 3; and 2: the training run's own validation, compared below
+    for proc in (run([PYTHON, "eval.py", f"ckpt_path={checkpoint}", "data.batch_size=7"]),
+                 torchrun("eval.py", 3, f"ckpt_path={checkpoint}", "data.batch_size=7")):  # fmt: skip
         lines.add(last_line(proc.stdout))
     assert len(lines) == 1, lines
     line = lines.pop()
-    assert line.startswith("val_loss=") and line.endswith("val_samples=999")
+    assert line.startswith("val_loss=") and line.endswith("val_samples=251")
     final = [m for m in read_metrics(run_dir) if m["kind"] == "val"][-1]
-    assert f"val_acc={final['val_acc']:.6f}" in line and final["val_samples"] == 999
+    assert f"val_acc={final['val_acc']:.6f}" in line and final["val_samples"] == 251
     other_task = run([PYTHON, "eval.py", f"ckpt_path={checkpoint}", "task=language_model"], expect_ok=False)
     assert other_task.returncode == 2 and other_task.stderr.count("\n") == 1, other_task.stderr[-3000:]
     assert other_task.stderr.startswith("error: model, data and task do not fit together: one batch fails with ")

@@ -1,6 +1,6 @@
 """profiling.py in this process: which steps a trace holds (numbered as metrics.jsonl numbers them,
 across resumes), the trace as a Chrome trace file, and trainer.profile_steps' checks. A run under
-torchrun, one trace per rank: tests/e2e/test_profile.py."""
+torchrun, one trace per rank: tests/e2e/test_training.py."""
 
 from __future__ import annotations
 
