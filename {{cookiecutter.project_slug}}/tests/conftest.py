@@ -21,6 +21,13 @@ from {{cookiecutter.package_name}} import train as train_entry
 from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real jobs (tests/e2e, seconds to a minute a test, much of it waiting on a process) first: under
+    `-n 2 --dist loadfile` each worker takes the next file as it is free, so the many short in-process files
+    fill the end, and the two workers finish together, not one of them alone on a job of a minute."""
+    items.sort(key=lambda item: "e2e" not in item.path.parts)  # stable: each group keeps its order
+
+
 @pytest.fixture
 def fresh_logging() -> Iterator[None]:
     """setup_logging takes the root logger over (as each worker's does): give pytest's back after."""
