@@ -304,6 +304,20 @@ def test_a_failing_store_is_retried_after_waits_that_double(memory_url: str, mon
     assert waits == [0.5, 1.0, 2.0]
 
 
+def test_the_best_checkpoints_are_kept_apart_from_keep_last_in_the_store_too(memory_url: str, tmp_path: Path) -> None:
+    """checkpoint.keep_best with a store: the writer prunes the store as the local folder, the best kept apart
+    (the local folder alone: tests/engine/checkpoint/test_writer.py)."""
+    writer = Checkpointer(tmp_path / "checkpoints", config(memory_url, keep_last=1), is_writer=True)
+    writer.save(1, state(1))
+    writer.keep_best([2, 1])  # as the trainer does: before the save of the new best
+    for step in (2, 3, 4):
+        assert writer.save(step, state(step))
+        writer.wait()
+    kept = ["step_00000004.pt", "step_00000002.pt", "step_00000001.pt"]
+    assert sorted(path.name for path in (tmp_path / "checkpoints").glob("step_*.pt")) == sorted(kept)
+    assert CheckpointStore(memory_url, retry_s=1.0).names() == kept
+
+
 def test_the_local_checkpoints_and_the_store_are_one_history_the_newest_of_either_resumed(
     memory_url: str, tmp_path: Path, caplog
 ) -> None:
