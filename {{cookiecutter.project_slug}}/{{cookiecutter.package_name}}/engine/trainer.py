@@ -47,7 +47,7 @@ from ..observe.logs import MetricsLog, use_progress_bar
 from ..observe.profiling import Profiler
 from ..tasks import Task, sample_weights
 from .callbacks import Callbacks
-from .checkpoint.files import shards_reader
+from .checkpoint.files import with_owner_tensors
 from .checkpoint.manager import CheckpointManager, agree_on_checkpoint
 from .data.loader import Data
 from .data.sampler import ResumableDistributedSampler
@@ -386,9 +386,7 @@ class Trainer:
             return self.state.step
         path, payload = found
         self.strategy.load_state_dict(payload, path)
-        if "model" not in payload:  # a folder of shards: the EMA is read in place
-            payload = {**payload, **shards_reader(path).load_owner_tensors(path, [self.ema])}
-        self.ema.load_state_dict(payload)
+        self.ema.load_state_dict(with_owner_tensors(payload, path, [self.ema]))
         return best[0]
 
     def evaluate_on(self, loader: Any) -> dict[str, float]:

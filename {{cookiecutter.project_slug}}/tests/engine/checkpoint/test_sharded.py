@@ -25,6 +25,7 @@ from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint import weights
+from {{cookiecutter.package_name}}.engine.checkpoint.files import with_owner_tensors
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
     MetadataUnpickler,
     SafeReader,
@@ -105,6 +106,23 @@ def test_a_value_beside_the_tensors_loads_as_a_plain_value_only(tmp_path: Path) 
             load()
         assert "Weights only load failed" in str(refused.value), str(refused.value)[-600:]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_resumes_owners_read_their_tensors_from_a_folder_of_shards_and_take_a_files_payload_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """What the trainer and CheckpointManager hand the owners (the EMA) at a resume: a folder's trainer.pt
+    payload holds no tensors, so theirs are read in place into their live ones; a file's payload has them."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "step_00000001"
+    dcp.save({"model": {"w": torch.ones(2)}, "ema": {"w": torch.full((2,), 3.0)}}, checkpoint_id=folder, no_dist=True)
+    live = {"w": torch.zeros(2)}
+    owner = SimpleNamespace(state_dict=lambda: {"ema": live})
+    given = with_owner_tensors({"step": 1}, folder, [owner])
+    assert given["step"] == 1 and given["ema"] is live and torch.equal(live["w"], torch.full((2,), 3.0))
+    payload = {"model": {"w": torch.ones(2)}, "ema": {"w": torch.ones(2)}, "step": 1}
+    assert with_owner_tensors(payload, tmp_path / "step_00000001.pt", [owner]) is payload
 
 
 def test_a_folder_of_shards_that_does_not_load_as_init_from_is_one_line(tmp_path: Path, caplog) -> None:

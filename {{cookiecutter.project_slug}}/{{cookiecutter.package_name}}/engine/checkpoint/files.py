@@ -54,6 +54,14 @@ def shards_reader(path: Path) -> ModuleType:
     return importlib.import_module(name)
 
 
+def with_owner_tensors(payload: dict[str, Any], source: Path, owners: list[Any]) -> dict[str, Any]:
+    """The payload the owners (the EMA) load from: a file's as it is; a folder of shards' with the owners'
+    tensors read in place (the folder's payload is trainer.pt's, without them)."""
+    if "model" in payload:
+        return payload
+    return {**payload, **shards_reader(source).load_owner_tensors(source, owners)}
+
+
 def local_folder(run_dir: Path, config: CheckpointConfig) -> Path:
     """Where this machine writes the checkpoints: `checkpoint.dir` where it is a folder, else the run
     dir's checkpoints/ (with an object store, the copy that goes up: store.py)."""

@@ -25,7 +25,7 @@ from ...common.placement import DistEnv
 from ...config import CheckpointConfig
 from ...config.compatibility import check_resumable
 from ..distributed.process_group import all_gather_int, broadcast_bytes
-from .files import FORMAT_VERSION, check_format_version, checkpoint_name, shards_reader
+from .files import FORMAT_VERSION, check_format_version, checkpoint_name, with_owner_tensors
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,7 @@ class CheckpointManager:
         A payload without tensors is a folder of shards' trainer.pt: the strategy reads them from `source`."""
         changes = check_resume((Path(source), payload), self.plain_config, self.epochs)
         self.strategy.load_state_dict(payload, Path(source))
-        if "model" not in payload:  # a folder of shards: the owners' tensors (the EMA) are read in place
-            payload = {**payload, **shards_reader(Path(source)).load_owner_tensors(Path(source), self.owners)}
+        payload = with_owner_tensors(payload, Path(source), self.owners)
         for owner in self.owners:
             owner.load_state_dict(payload)
         log.info(
