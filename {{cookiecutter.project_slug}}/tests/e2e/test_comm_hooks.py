@@ -12,24 +12,21 @@ from .jobs import read_metrics, torchrun
 
 
 @pytest.mark.slow
-def test_powersgd_trains_two_processes(tmp_path) -> None:
+def test_powersgd_trains_on_one_process_per_listed_gpu(tmp_path) -> None:
     # fp16 and bf16 go through the same registration: test_benchmark_gives_one_row_per_hook trains with them.
     # PowerSGD's memory through a checkpoint, resumed bit for bit: tests/engine/distributed/test_comm_hooks.py.
-    proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL,
-                "ddp.comm_hook=powersgd", "ddp.powersgd_start_iter=4"])  # fmt: skip
+    # GPUS= on a machine without them: one process per listed GPU (CUDA_VISIBLE_DEVICES in each worker:
+    # test_launch.py::test_gpus_key_gives_one_process_per_gpu_and_reaches_it_as_cuda_visible_devices).
+    proc = run(["bash", "scripts/run_single.sh", "GPUS=0,1,2", f"RUN_DIR={tmp_path}", *SMALL,
+                "data.image_size=32", "trainer.epochs=3", "ddp.comm_hook=powersgd",
+                "ddp.powersgd_start_iter=4"])  # fmt: skip  # 3 x 11 steps of 3 x 32 samples
     assert "DDP communication hook: powersgd" in proc.stderr
+    assert "world size 3" in proc.stderr
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank_0.log", "rank_1.log", "rank_2.log"}
     records = read_metrics(tmp_path)
     losses = [r["train_loss"] for r in records if r["kind"] == "train"]
     assert losses[-1] < 0.7 * losses[0], losses
     assert [r for r in records if r["kind"] == "val"][-1]["val_acc"] > 0.3
-
-
-@pytest.mark.slow
-def test_gpus_key_sets_one_process_per_listed_gpu(tmp_path) -> None:
-    proc = run(["bash", "scripts/run_single.sh", "GPUS=0,1,2", f"RUN_DIR={tmp_path}", *SMALL, "trainer.epochs=1",
-                "data.train_size=96"])  # fmt: skip
-    assert "world size 3" in proc.stderr
-    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank_0.log", "rank_1.log", "rank_2.log"}
 
 
 # The two below start the launcher only to be refused, several seconds each: in the slow set, as

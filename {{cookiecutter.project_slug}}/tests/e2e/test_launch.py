@@ -151,7 +151,7 @@ def test_a_real_bug_is_named_by_rank_with_its_traceback(tmp_path: Path) -> None:
         "            raise RuntimeError('bug in the model on rank 1')\n        return super().forward(x.flatten(1))\n"
     )
     proc = run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", "MAX_RESTARTS=0", f"RUN_DIR={tmp_path / 'run'}",
-                *JOB, "model._target_=buggy.Buggy", "+model.in_features=3072", "+model.out_features=10",
+                *JOB, "model._target_=buggy.Buggy", "+model.in_features=768", "+model.out_features=10",
                 "~model.width", "~model.num_classes"], cwd=project, expect_ok=False)  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0

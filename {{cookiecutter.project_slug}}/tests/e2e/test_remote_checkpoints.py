@@ -20,8 +20,9 @@ from .jobs import assert_bit_identical, finish, start, steps_saved, wait_for
 
 pytestmark = pytest.mark.slow
 
-# 1024 samples, 32 a batch, 2 processes: 16 steps an epoch; a checkpoint every 4 steps.
-JOB = [*SMALL, "trainer.epochs=2", "checkpoint.every_n_steps=4", "checkpoint.keep_last=2"]
+# 1024 samples, 32 a batch, 2 processes: 16 steps an epoch; a checkpoint every 4 steps. 32x32 images: steps
+# slow enough that the kill lands before the last one.
+JOB = [*SMALL, "data.image_size=32", "trainer.epochs=2", "checkpoint.every_n_steps=4", "checkpoint.keep_last=2"]
 SHARDED = [*JOB, "strategy=fsdp"]
 LAST_STEP = 32
 

@@ -32,10 +32,9 @@ from .jobs import (
 
 pytestmark = pytest.mark.slow
 
-# 3 epochs of 16 steps on 2 processes, a checkpoint every 5 steps, augmentation on, 16x16 images: about 0.04 s a
-# step (a quarter of 32x32's convolutions: what is resumed is the same, the jobs end sooner).
-JOB = [*SMALL, "trainer.epochs=3", "checkpoint.every_n_steps=5", "checkpoint.keep_last=20", "data.augment=true",
-       "data.image_size=16"]  # fmt: skip
+# 3 epochs of 16 steps on 2 processes, a checkpoint every 5 steps, augmentation on, SMALL's 16x16 images: about
+# 0.04 s a step.
+JOB = [*SMALL, "trainer.epochs=3", "checkpoint.every_n_steps=5", "checkpoint.keep_last=20", "data.augment=true"]
 LAST_STEP = 48
 
 
@@ -292,8 +291,10 @@ def test_a_diverging_resume_stops_naming_the_step_and_keeps_finite_checkpoints(r
 
 
 def test_a_stop_signal_after_the_last_step_lets_the_run_finish_and_exit_0(tmp_path: Path) -> None:
-    # A large validation set (about 2 s on 2 ranks): the signal lands while the final evaluation runs, training done.
-    proc = start(tmp_path, 2, *SMALL, "trainer.epochs=1", "data.val_size=8000", "checkpoint.every_n_steps=0")
+    # A large validation set of 32x32 images (about 2 s on 2 ranks): the signal lands while the final evaluation
+    # runs, training done.
+    proc = start(tmp_path, 2, *SMALL, "trainer.epochs=1", "data.val_size=8000", "data.image_size=32",
+                 "checkpoint.every_n_steps=0")  # fmt: skip
     last = 1024 // 64  # the epoch's last step
     wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and any(r["step"] == last for r in read_metrics(tmp_path)),
              "the last step's record")  # fmt: skip

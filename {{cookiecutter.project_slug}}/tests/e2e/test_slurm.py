@@ -27,7 +27,8 @@ def two_nodes(tmp_path_factory) -> Iterator[tuple[dict[str, str], tuple[str, ...
 def test_sbatch_trains_on_two_nodes_and_a_requeue_after_sigterm_resumes_on_both(two_nodes, tmp_path) -> None:
     env, where = two_nodes
     output = tmp_path / "job.out"
-    overrides = [*SMALL, "trainer.epochs=3", "data.train_size=1536", "checkpoint.every_n_steps=0"]
+    # 32x32 images: steps slow enough that Slurm's SIGTERM lands before the last epoch ends.
+    overrides = [*SMALL, "data.image_size=32", "trainer.epochs=3", "data.train_size=1536", "checkpoint.every_n_steps=0"]
     command = [*where, "sbatch", "--parsable", "--time=10", f"--output={output}", "scripts/slurm.sbatch", *overrides]
     submitted = subprocess.run(command, cwd=PROJECT_DIR, env=env, capture_output=True, text=True)  # as a user submits
     assert submitted.returncode == 0, submitted.stderr

@@ -28,7 +28,6 @@ def trained_run(tmp_path_factory) -> tuple[Path, str]:
             *SMALL,
             "trainer.epochs=5",
             "data.train_size=2048",
-            "data.image_size=16",  # a quarter of 32x32's convolutions; eval.py takes the size from the checkpoint
             "trainer.profile_steps=3:4",  # test_the_asked_steps_are_profiled_in_one_trace_per_rank
         ]
     )

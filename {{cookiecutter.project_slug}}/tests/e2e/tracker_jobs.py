@@ -19,8 +19,10 @@ from .jobs import finish, start, steps_saved, wait_for, worker_pid
 
 # 4 epochs of 16 steps on 2 processes, a record every 2 steps, a checkpoint every 10 and at each
 # epoch's end: after the checkpoints of steps 20, 32, 40 and 50, three records come before the next one.
+# 32x32 images: steps slow enough that the kill lands while the tracker runs are open.
 JOB = [
     *SMALL,
+    "data.image_size=32",
     "trainer.epochs=4",
     "trainer.log_every_n_steps=2",
     "checkpoint.every_n_steps=10",

@@ -105,7 +105,8 @@ def test_the_result_reads_as_metrics_jsonl_and_the_console_take_it() -> None:
 def fsdp_validation(env, run_dir) -> EvalResult:  # noqa: ANN001
     """5 samples in batches of 2 on 2 ranks: rank 0 has 2 batches, rank 1 one, and every forward gathers
     the shards, so the trainer must validate in lock step (a filler forward on rank 1) or hang."""
-    overrides = [*SMALL, "strategy=fsdp", "data.train_size=16", "data.val_size=5", "data.batch_size=2"]
+    overrides = [*SMALL, "data.image_size=32", "strategy=fsdp", "data.train_size=16", "data.val_size=5",
+                 "data.batch_size=2"]  # fmt: skip
     return build_trainer(to_train_config(compose_config(overrides)), env, run_dir).validate()
 
 
@@ -239,7 +240,8 @@ class Scored(Classification):
 
 
 # 3 classes: the untrained model's predictions vary (of 10 it predicts one class only)
-SCORED = [*SMALL, "data.num_classes=3", "data.train_size=16", "data.val_size=25", "data.batch_size=4"]
+SCORED = [*SMALL, "data.image_size=32", "data.num_classes=3", "data.train_size=16", "data.val_size=25",
+          "data.batch_size=4"]  # fmt: skip
 
 
 def scored_validation(env, strategy: str) -> EvalResult:  # noqa: ANN001
@@ -286,7 +288,7 @@ def test_epoch_metrics_over_the_gathered_set_equal_scikit_learns_at_world_sizes_
 
 
 def test_a_validation_writes_the_confusion_matrix_beside_metrics_jsonl_and_a_resume_cuts_it_back(tmp_path) -> None:
-    overrides = [*SMALL, "data.train_size=16", "data.val_size=25", "data.batch_size=4"]
+    overrides = [*SMALL, "data.image_size=32", "data.train_size=16", "data.val_size=25", "data.batch_size=4"]
     trainer = build_trainer(to_train_config(compose_config(overrides)), cpu_env(0, 1), tmp_path)
     for step in (1, 2):
         trainer.state.step = step
