@@ -17,7 +17,8 @@ from .jobs import checkpoint_of, finish, read_checkpoint, read_metrics, start, s
 
 pytestmark = pytest.mark.slow
 
-IMAGES = ["task=classification", "model=small_cnn", "data=synthetic", "model.width=8", "data.val_size=40"]
+IMAGES = ["task=classification", "model=small_cnn", "data=synthetic", "model.width=8", "data.image_size=16",
+          "data.val_size=40"]  # fmt: skip
 # Nothing improves by 100: with a validation every 2 steps and patience 2, every run stops at step 6.
 STOPS = ["trainer.val_every_n_steps=2", "trainer.early_stop_patience=2", "trainer.early_stop_min_delta=100"]
 
