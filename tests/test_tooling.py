@@ -184,7 +184,7 @@ def test_cruft_update_keeps_a_users_edits_shows_a_conflict_and_the_run_resumes_e
 
     # The user's edits, committed (cruft update refuses a tree with uncommitted changes).
     user_function = "def user_added_function() -> int:\n    return 7\n"
-    with (project / "ddp_project" / "models.py").open("a") as models:
+    with (project / "ddp_project" / "models" / "__init__.py").open("a") as models:
         models.write(f"\n\n{user_function}")
     edit(project / "configs" / "data" / "synthetic.yaml", "batch_size: 64", "batch_size: 48")
     edit(project / "README.md", "# DDP Project\n", "# DDP Project: the user's title\n")
@@ -208,7 +208,7 @@ def test_cruft_update_keeps_a_users_edits_shows_a_conflict_and_the_run_resumes_e
     assert not (project / "docs" / "pitfalls.md").exists() and (project / "docs" / "distributed_pitfalls.md").is_file()
     data = (project / "configs" / "data" / "synthetic.yaml").read_text()
     assert "val_size: 500" in data and "batch_size: 48" in data, report
-    assert user_function in (project / "ddp_project" / "models.py").read_text()
+    assert user_function in (project / "ddp_project" / "models" / "__init__.py").read_text()
     assert (project / "ddp_project" / "user_callbacks.py").is_file()
     assert (project / "configs" / "data" / "user_data.yaml").read_text() == "train_size: 256\n"
     readme = (project / "README.md").read_text()

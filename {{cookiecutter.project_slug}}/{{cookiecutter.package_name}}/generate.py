@@ -31,7 +31,7 @@ from .datasets.tokenizer import Tokenizer, find, of_folder
 from .engine.assembly.components import build_model
 from .engine.assembly.entry import checkpoint_config, prepare, reporting_user_errors
 from .engine.checkpoint.weights import load_weights
-from .tasks import LanguageModel
+from .tasks.language_model import LanguageModel
 
 PROMPT_FILE = "--prompt-file"
 PLAIN = "prompt=plain_text"  # what Hydra is given in place of a prompt taken as plain text (run_generate sets it)

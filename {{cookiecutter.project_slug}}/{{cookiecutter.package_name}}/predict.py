@@ -163,14 +163,15 @@ def alive(pid: int) -> bool:
 
 
 def prediction_kind(task: Task, config: PredictConfig) -> str | None:
-    """What the task turns outputs into (tasks.py: its `predict` and `predictions`); None: the outputs as they are."""
+    """What the task turns outputs into (tasks/__init__.py: its `predict` and `predictions`); None: the outputs
+    as they are."""
     predict_as, target = config.predict_as, config.task["_target_"]
     kinds = tuple(getattr(task, "predictions", ()))
     if not (kinds and callable(getattr(task, "predict", None))):
         require(
             predict_as is None,
-            f"predict_as={predict_as}: task._target_={target} has no predict method and predictions (tasks.py), "
-            "so the model's outputs are saved as they are: drop predict_as",
+            f"predict_as={predict_as}: task._target_={target} has no predict method and predictions "
+            "(tasks/__init__.py), so the model's outputs are saved as they are: drop predict_as",
         )
         return None
     require(
@@ -202,7 +203,7 @@ def predict(
         if not isinstance(result, torch.Tensor):
             raise ConfigError(
                 f"the model's outputs are {type(result).__name__}, not a tensor: give the task a predict method "
-                "that makes one of them (tasks.py)"
+                "that makes one of them (tasks/__init__.py)"
             )
         result, length = masked(result.cpu(), targets)
         indices.append(batch_indices)

@@ -17,7 +17,7 @@ PREDICT_SPLITS = ("val", "train")  # the data set's sets predict.py runs the mod
 class PredictConfig(EvalConfig):
     out: str = MISSING  # the file predict.py writes (it must not exist)
     split: str = "val"
-    predict_as: str | None = None  # what the task turns outputs into (tasks.py); None: its default
+    predict_as: str | None = None  # what the task turns outputs into (tasks/__init__.py); None: its default
 
     def check(self) -> None:
         super().check()

@@ -250,7 +250,7 @@ class TrainConfig:
     data: Any = MISSING  # a DataConfig once checked
     optim: Any = MISSING  # _target_ (a torch.optim class) and its arguments
     scheduler: Any = MISSING  # _target_ (a learning-rate scheduler) and its arguments; warmup_epochs, warmup_steps
-    task: Any = MISSING  # _target_: the loss and the metrics (tasks.py)
+    task: Any = MISSING  # _target_: the loss and the metrics (tasks/__init__.py)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     dist: DistConfig = field(default_factory=DistConfig)

@@ -171,7 +171,7 @@ class EpochState:
             for name, value in self.task.epoch_outputs(outputs, targets).items():
                 if indices is not None and len(value) != len(indices):
                     raise ValueError(f"epoch_outputs' {name!r} has {len(value)} rows for a batch of {len(indices)}: "
-                                     "give one row per sample (tasks.py)")  # fmt: skip
+                                     "give one row per sample (tasks/__init__.py)")  # fmt: skip
                 self.empty.setdefault(name, value.detach()[:0].cpu())
                 if indices is not None:
                     self.kept.setdefault(name, []).append(value.detach())

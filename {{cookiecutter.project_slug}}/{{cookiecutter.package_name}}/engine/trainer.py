@@ -76,7 +76,7 @@ class Trainer:
     model: nn.Module  # the user's model as the strategy holds it (runner.trained is what trains)
     optimizer: torch.optim.Optimizer
     data: Data
-    task: Task  # the loss and the metrics (tasks.py)
+    task: Task  # the loss and the metrics (tasks/__init__.py)
     runner: StepRunner  # forward, backward and the optimizer step (below)
     checkpoints: CheckpointManager
     metrics: MetricsLog

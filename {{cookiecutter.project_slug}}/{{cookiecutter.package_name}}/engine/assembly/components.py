@@ -55,12 +55,13 @@ def build_optimizer(config: Mapping[str, Any], model: nn.Module) -> torch.optim.
 
 
 def build_task(config: Mapping[str, Any]) -> Any:
-    """The task: the loss of a batch and per-sample metrics (tasks.py has the built-in ones)."""
+    """The task: the loss of a batch and per-sample metrics (tasks/ has the built-in ones)."""
     task = build(offered_only(config), "task")
     missing = [name for name in ("loss", "metrics") if not callable(getattr(task, name, None))]
     if missing:
         raise ConfigError(
-            f"task._target_={config['_target_']} has no {' or '.join(missing)} method: see tasks.py for the interface"
+            f"task._target_={config['_target_']} has no {' or '.join(missing)} method: "
+            "see tasks/__init__.py for the interface"
         )
     return task
 

@@ -1,4 +1,4 @@
-"""Hugging Face's GPT-2 in and out: the project's GPT (models.py) as a folder that
+"""Hugging Face's GPT-2 in and out: the project's GPT (models/gpt.py) as a folder that
 `transformers.AutoModelForCausalLM.from_pretrained` loads (export.py --format hf), and such a folder as
 model.init_from's weights (assembly/init_weights.py). transformers is not imported: config.json is written and
 read as JSON, the weights as safetensors (nothing unpickled, nothing downloaded).
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ...common.errors import ConfigError
-from ...models import GPT, Block
+from ...models.gpt import GPT, Block
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 BLOCK = {  # a block's module: GPT-2's, and whether its weight is a Conv1D's (transposed)
@@ -75,8 +75,8 @@ def to_gpt2(model: nn.Module) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     expected = {ours for ours, _, _ in pairs}
     if weights.keys() != expected:
         odd = sorted(weights.keys() ^ expected)
-        raise ConfigError(f"--format hf: the GPT's tensors differ from GPT-2's ({', '.join(odd[:4])}): models.py's GPT "
-                          "was changed; export it as .safetensors or .pt")  # fmt: skip
+        raise ConfigError(f"--format hf: the GPT's tensors differ from GPT-2's ({', '.join(odd[:4])}): "
+                          "models/gpt.py's GPT was changed; export it as .safetensors or .pt")  # fmt: skip
     dropout = model.dropout.p
     config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",

@@ -6,8 +6,9 @@ building it would run that code: a function of this very package (one that delet
 eviction) as much as one imported from wherever Python finds it (a folder shipped beside the checkpoint).
 So before anything is built, every `_target_` of a saved config must be on the allowlist:
 - a `_target_` that one of this project's config files names (configs/**/*.yaml, the user's own files too);
-- what the package registers as buildable, on purpose: the `BUILDABLE` tuple of models.py, tasks.py,
-  datasets/__init__.py, datasets/collate.py and callbacks.py (a model of your own in models.py: add it
+- what the package registers as buildable, on purpose: the `BUILDABLE` tuple of models/ and tasks/ (each
+  package's __init__.py with those of the modules beside it: models/gpt.py, tasks/language_model.py),
+  datasets/__init__.py, datasets/collate.py and callbacks.py (a model of your own in models/: add it
   there, or name it in a config file); anything else of the package is refused, a function added
   tomorrow too, until it is registered;
 - a torch.nn module class, a torch.optim optimizer or scheduler class, a torchvision model builder.

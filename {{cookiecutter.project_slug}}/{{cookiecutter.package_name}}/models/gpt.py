@@ -1,8 +1,5 @@
-"""The project's own models: a small CNN for quick image runs and a small GPT over bytes.
-
-Any other model is a `configs/model/*.yaml` file whose `_target_` returns an nn.Module
-(torchvision's by `_target_: torchvision.models.resnet18`, a user's own by its import path).
-"""
+"""A small GPT-style causal transformer over bytes (or a BPE's tokens): the language model's
+(`model=gpt`; configs and checkpoints name it `models.GPT`)."""
 
 from __future__ import annotations
 
@@ -10,29 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels),
-        nn.ReLU(inplace=True),
-    )
-
-
-class SmallCNN(nn.Sequential):
-    """Three conv blocks, global pooling and a linear head: trains in seconds on CPUs."""
-
-    def __init__(self, num_classes: int, width: int = 32) -> None:
-        super().__init__(
-            conv_block(3, width),
-            nn.MaxPool2d(2),
-            conv_block(width, 2 * width),
-            nn.MaxPool2d(2),
-            conv_block(2 * width, 4 * width),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(4 * width, num_classes),
-        )
+from . import count_parameters
 
 
 class CausalSelfAttention(nn.Module):
@@ -105,33 +80,4 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
-class MixtureOfExperts(nn.Module):
-    """An example of a model that returns (logits, aux): a classifier of flattened inputs through `experts`
-    MLPs mixed by a softmax gate, and the gate's load-balance term (1 where every expert is used
-    equally, up to `experts` where one takes everything: experts times the sum of the squared mean
-    gate weights), which tasks.ClassificationWithAux adds to the loss."""
-
-    def __init__(self, in_features: int, num_classes: int, experts: int = 4, width: int = 64) -> None:
-        super().__init__()
-        self.flatten = nn.Flatten()
-        self.gate = nn.Linear(in_features, experts)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, width)) for _ in range(experts)
-        )
-        self.head = nn.Linear(width, num_classes)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.flatten(x)
-        gates = self.gate(x).softmax(dim=-1)  # (batch, experts)
-        mixed = sum(gates[:, i, None] * expert(x) for i, expert in enumerate(self.experts))
-        balance = len(self.experts) * gates.mean(dim=0).square().sum()
-        return self.head(torch.relu(mixed)), balance
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(parameter.numel() for parameter in model.parameters())
-
-
-# What a checkpoint's config may build (engine/checkpoint/trust.py): a model of yours here, named by no config
-# file, is added to it; anything of the package not listed is refused.
-BUILDABLE = (SmallCNN, GPT, MixtureOfExperts)
+BUILDABLE = (GPT,)

@@ -14,7 +14,7 @@ A task is any object with two methods, chosen by `task._target_`:
   figures equal a one-process evaluation's at any world size. They are reported as `val_<name>`; the
   first one (by convention `loss`) is the validation loss.
 - optionally `summarise(means)`: the figures reported, from those means (a ratio of two sums over the
-  whole set: LanguageModel's bits per byte of a BPE); without it, the means are the figures.
+  whole set: the language model's bits per byte of a BPE); without it, the means are the figures.
 - optionally, metrics of the whole set at once (AUROC, macro-F1, a confusion matrix): `epoch_outputs` (per
   sample, gathered in sample order) and/or `epoch_sums` (counts, summed exactly) of (outputs, targets), which
   `epoch_metrics(epoch)` turns into figures and tables (engine/evaluate.py; docs/tasks.md, "Over the whole set").
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .datasets.tokenizer import of_folder
+from ..common.registry import buildable_beside, member
 
 
 @runtime_checkable
@@ -88,62 +88,6 @@ class Classification:
 
 
 IGNORE = -100  # a target position that is padding (pad_windows): no loss, not counted
-
-
-class LanguageModel:
-    """Next-token cross-entropy, token-weighted: the step's loss is the mean over every real token of
-    the global batch (a pair (total, count)), so windows of different lengths (padded by
-    datasets.collate.pad_windows, targets IGNORE where padded) weigh by their tokens. val_loss in nats
-    per token and val_bpb in bits per byte of text, over every token of the set.
-
-    Over bytes a token is a byte, and val_bpb is val_loss in bits. Over a BPE's tokens (`vocab_from`: a
-    token folder of prepare tokens, which data=tokens passes; a key named `tokens` would be redacted as a
-    secret in checkpoints) val_bpb is the bits of every validation window's targets over the bytes of text
-    they stand for (the tokenizer's), summed over the whole set: it compares with a byte model's figure.
-    Predictions, at each position: the logits, their softmax (`predict_as=probs`) or the likeliest next
-    token (`predict_as=token`).
-    """
-
-    predictions = ("logits", "probs", "token")
-
-    def __init__(self, vocab_from: str | None = None) -> None:
-        self.token_bytes: torch.Tensor | None = None  # bytes per id; None: every token is one byte
-        if vocab_from is not None:
-            tokenizer = of_folder(vocab_from)
-            if tokenizer.kind != "bytes":
-                self.token_bytes = torch.tensor(tokenizer.token_bytes(), dtype=torch.float64)
-
-    def loss(self, logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the cross-entropy summed over the real target tokens, their number)."""
-        total = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten(), reduction="sum", ignore_index=IGNORE)
-        return total, (tokens != IGNORE).sum()
-
-    def tokens_per_sample(self, tokens: torch.Tensor) -> int:
-        """A sample's tokens (its sequence length): the log line's tokens_per_s (observe/figures.py)."""
-        return tokens.shape[-1]
-
-    def metrics(self, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, Any]:
-        # Summed in float64: a batch's total must not depend on which windows share the batch (world size).
-        per_token = F.cross_entropy(
-            logits.float().flatten(0, 1), tokens.flatten(), reduction="none", ignore_index=IGNORE
-        )
-        total, count = per_token.double().sum(), (tokens != IGNORE).sum()
-        if self.token_bytes is None:
-            return {"loss": (total, count), "bpb": (total / math.log(2), count)}
-        self.token_bytes = self.token_bytes.to(tokens.device)
-        real = tokens != IGNORE
-        # The tokens' bits and their bytes, each over the same count: their means' ratio is their sums'.
-        return {"loss": (total, count), "bits": (total / math.log(2), count),
-                "bytes": ((self.token_bytes[tokens.clamp_min(0)] * real).sum(), count)}  # fmt: skip
-
-    def summarise(self, means: dict[str, float]) -> dict[str, float]:
-        """val_bpb of a BPE: all the windows' bits over all their bytes (the means' ratio is the sums')."""
-        if "bytes" not in means:
-            return means
-        return {"loss": means["loss"], "bpb": means["bits"] / means["bytes"]}
-
-    def predict(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
-        return predicted(logits, kind, dim=-1)
 
 
 # --- a loss over the whole batch: the other samples of every rank as negatives
@@ -296,5 +240,11 @@ def predicted(logits: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
 
 
 # What a checkpoint's config may build (engine/checkpoint/trust.py): a task of yours here, named by no config
-# file, is added to it; anything of the package not listed is refused.
-BUILDABLE = (Classification, LanguageModel, InfoNCE, ClassificationWithAux)
+# file, is added to it (or a module of yours beside this one, with a BUILDABLE of its own); anything of the
+# package not listed is refused. language_model.py's LanguageModel is found there, by what is present.
+BUILDABLE = (Classification, InfoNCE, ClassificationWithAux, *buildable_beside(__name__, __path__))
+
+
+def __getattr__(name: str) -> Any:
+    """`tasks.LanguageModel`: the name configs and saved checkpoints give a task of a module beside this one."""
+    return member(BUILDABLE, __name__, name)
