@@ -2,49 +2,28 @@
 
 Items are `(input, target)`. A user's own data set is a function like these in a file of their
 own (see the README, "Your own model and data"); the loaders, the resumable sampler and exact
-evaluation work for any map-style pair. One module per kind: images.py (synthetic, cifar10,
-image_folder), corpus.py (a text corpus read into memory), tokens.py (the same corpus prepared into
-token files that training memory-maps); prepare.py, the command that writes such files. collate.py:
-pad_sequences, a `data.collate` for inputs of different lengths; pad_windows, for a language
-model's windows of different lengths.
+evaluation work for any map-style pair. One module per kind, each with its `BUILDABLE` tuple, found by
+what is present: images.py (synthetic, cifar10, image_folder), corpus.py (a text corpus read into memory),
+tokens.py (the same corpus prepared into token files that training memory-maps); prepare.py, the command
+that writes such files. collate.py: pad_sequences, a `data.collate` for inputs of different lengths;
+pad_windows, for a language model's windows of different lengths.
+
+`datasets.<name>` is any public function or class of those modules (`datasets.synthetic_images`, the name
+the configs give): nothing here imports a kind by name, so a project made without one lacks only its file.
 """
 
 from __future__ import annotations
 
-from .collate import pad_sequences, pad_windows
-from .corpus import TextWindows, stdlib_sources, text, text_files
-from .images import (
-    TensorImages,
-    check_image_tree,
-    cifar10,
-    image_folder,
-    normalise,
-    read_cifar_batches,
-    synthetic_images,
-)
-from .shards import ShardedSet, sharded
-from .tokens import TokenWindows, token_windows
+from typing import Any
 
-# What a checkpoint's config may build (engine/checkpoint/trust.py): a data set of yours here, named by no config
-# file, is added to it; anything of the package not listed is refused.
-BUILDABLE = (synthetic_images, cifar10, image_folder, text, token_windows, sharded)
+from ..common.registry import buildable_beside, defined_beside
 
-__all__ = [
-    "TensorImages",
-    "TextWindows",
-    "check_image_tree",
-    "cifar10",
-    "image_folder",
-    "normalise",
-    "pad_sequences",
-    "pad_windows",
-    "read_cifar_batches",
-    "ShardedSet",
-    "sharded",
-    "stdlib_sources",
-    "synthetic_images",
-    "text",
-    "text_files",
-    "token_windows",
-    "TokenWindows",
-]
+# What a checkpoint's config may build (engine/checkpoint/trust.py): each module's BUILDABLE (a data set of
+# yours in a module here, named by no config file: add it to that module's BUILDABLE); anything of the
+# package not listed is refused.
+BUILDABLE = buildable_beside(__name__, __path__)
+
+
+def __getattr__(name: str) -> Any:
+    """`datasets.<name>`: a public function or class of a module beside this one."""
+    return defined_beside(__name__, __path__, name)

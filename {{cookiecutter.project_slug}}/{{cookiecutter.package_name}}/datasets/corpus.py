@@ -100,3 +100,6 @@ def text(
         splits[number % val_every == 0].extend(path.read_bytes())
     train, val = (torch.frombuffer(split, dtype=torch.uint8) for split in splits)
     return TextWindows(train, block_size, train_samples, True), TextWindows(val, block_size, val_samples, False)
+
+
+BUILDABLE = (text,)  # what a checkpoint's config may build, found by datasets/__init__.py

@@ -182,3 +182,7 @@ class DeviceBatches:
             if self.transform is not None:
                 images = self.transform(images, self.seed, self.sampler.epoch, on_device)
             yield Batch(images, self.labels[on_device], weights, indices)
+
+
+# What a checkpoint's config may build (engine/checkpoint/trust.py), found by datasets/__init__.py.
+BUILDABLE = (synthetic_images, cifar10, image_folder)

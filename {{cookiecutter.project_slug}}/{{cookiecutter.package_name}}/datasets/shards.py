@@ -265,3 +265,6 @@ def sharded(root: str, cache_dir: str = "", cache_limit_gb: float = 10.0, shard_
     train, val = (ShardedSet(root, index, split, cache, shard_window) for split in SPLITS)
     train.prepared = val.prepared = {"root": root, "id": index["id"]}  # new at each prepare: a checkpoint records it
     return train, val
+
+
+BUILDABLE = (sharded,)  # what a checkpoint's config may build, found by datasets/__init__.py

@@ -276,3 +276,6 @@ def prepared_id(meta: dict[str, Any]) -> str:
     meta.json's id, new at each prepare; for a folder written before there was one, a hash of its
     meta.json, which holds the files' sizes."""
     return meta.get("id") or hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:32]
+
+
+BUILDABLE = (token_windows,)  # what a checkpoint's config may build, found by datasets/__init__.py

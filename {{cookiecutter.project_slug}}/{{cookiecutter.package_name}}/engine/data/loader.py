@@ -25,9 +25,8 @@ from ...common.errors import ConfigError, JobError, first_line
 from ...common.placement import DistEnv
 from ...config import DataConfig
 from ...config.targets import build, describe, is_map_style
-from ...datasets import TensorImages
 from ...datasets.collate import Batch
-from ...datasets.images import DeviceBatches
+from ...datasets.images import DeviceBatches, TensorImages
 from ...datasets.randomness import EVAL_EPOCH, building_sample
 from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
 
