@@ -27,6 +27,7 @@ def test_the_modules_beside_give_their_buildable_in_name_order_and_a_missing_nam
         with pytest.raises(AttributeError, match="module 'kit' has no attribute 'Unlisted'"):
             member(found, "kit", "Unlisted")  # present in a module, but not registered: not a member
         assert buildable_beside("kit", [str(tmp_path / "empty")]) == ()
+        assert "kit.c_none" not in sys.modules, "a module that registers nothing is not imported for it"
     finally:
         for name in [name for name in sys.modules if name == "kit" or name.startswith("kit.")]:
             del sys.modules[name]

@@ -1,44 +1,46 @@
 """Data written once, read by every run: one subcommand per kind of data (docs/data_at_scale.md).
 
 `python -m <package>.datasets.prepare KIND ...`, or the console script `<package>-prepare KIND ...`
-once installed:
+once installed; `prepare --help` lists the kinds this project has.
 
-- `tokens CORPUS OUT`: a text corpus (a folder, a glob, or the standard library's sources) into token
-  files that training memory-maps (tokens.py): no rank holds the corpus in memory.
-- `shards SOURCE OUT --kind images|text`: an image folder or a text corpus into shards that training
-  reads from a folder or an object store, through a node's local cache (shards.py).
-
-Each kind is a module of this folder with `add_prepare_arguments(parser)`, which adds its arguments
-and sets `prepare`, the function that does the work and returns the exit code (a ConfigError it
-raises: one line, exit code 2); only the kind asked for is imported.
+Each kind is a module of this folder, found by what is present, with `PREPARE_HELP` (its one line) and
+`add_prepare_arguments(parser)`, which adds its arguments and sets `prepare`, the function that does the
+work and returns the exit code (a ConfigError it raises: one line, exit code 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from ..common.errors import USER_ERROR_EXIT, ConfigError, say
 
-# (the command's name, its module in this folder, its one-line help)
-KINDS = (
-    ("tokens", "tokens", "a text corpus into memory-mapped token files"),
-    ("shards", "shards", "an image folder or a text corpus into shards, to a folder or s3://"),
-)
+
+def kinds() -> dict[str, ModuleType]:
+    """The kinds this project has, by name: the modules of this folder with `add_prepare_arguments`."""
+    folder = importlib.import_module(__package__).__path__
+    modules = (importlib.import_module(f".{info.name}", __package__) for info in pkgutil.iter_modules(folder))
+    return {module.__name__.rsplit(".", 1)[1]: module for module in modules
+            if hasattr(module, "add_prepare_arguments")}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `KIND [arguments]` and run that kind's preparation; its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    found = kinds()
+    if not found:
+        say("error: this project was made without any kind of data to prepare: its data sets read their files "
+            "as they are", err=True)  # fmt: skip
+        return USER_ERROR_EXIT
     parser = argparse.ArgumentParser(prog="prepare", description=__doc__.splitlines()[0])
-    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
-    chosen = next((arg for arg in argv if not arg.startswith("-")), None)  # the kind: there are no other options
-    for name, module, summary in KINDS:
-        subparser = kinds.add_parser(name, help=summary, description=summary)
-        if name == chosen:
-            importlib.import_module(f".{module}", __package__).add_prepare_arguments(subparser)
+    subparsers = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for name, module in sorted(found.items()):
+        subparser = subparsers.add_parser(name, help=module.PREPARE_HELP, description=module.PREPARE_HELP)
+        module.add_prepare_arguments(subparser)
     args = parser.parse_args(argv)
     try:
         return args.prepare(args)

@@ -40,6 +40,7 @@ INDEX = "index.json"
 SPLITS = ("train", "val")
 KINDS = ("images", "text")
 PREPARE_COMMAND = f"python -m {__package__}.prepare shards"
+PREPARE_HELP = "an image folder or a text corpus into shards, to a folder or s3://"  # prepare --help
 
 
 # --- preparing: samples into shards, the index last

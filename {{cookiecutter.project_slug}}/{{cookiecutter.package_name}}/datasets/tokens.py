@@ -36,6 +36,7 @@ SPLITS = ("train", "val")
 DTYPES = {"uint8": torch.uint8, "uint16": torch.uint16, "int32": torch.int32}  # what a tokenizer's ids may need
 STDLIB = "stdlib"  # CORPUS naming the Python standard library's sources (data=text's data.root=null)
 PREPARE_COMMAND = f"python -m {__package__}.prepare tokens"
+PREPARE_HELP = "a text corpus into memory-mapped token files"  # prepare --help
 
 
 # --- preparing: a corpus into OUT/{train,val}.bin and OUT/meta.json
