@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
+from {{cookiecutter.package_name}}.config import CheckpointConfig
 from {{cookiecutter.package_name}}.engine.checkpoint.files import (
     NotACheckpoint,
     best_checkpoint,
+    checkpoint_store,
     load_checkpoint,
     owner_id,
     remove,
@@ -105,3 +107,16 @@ def test_a_folder_of_shards_is_read_by_sharded_py_or_refused_in_one_line_where_t
         shards_reader(tmp_path)
     assert str(refused.value).startswith(f"{tmp_path} is a folder of shards (strategy=fsdp or hsdp), and this project "
                                          "was made without them (cookiecutter's fsdp=no): export")  # fmt: skip
+
+
+def test_a_store_is_store_pys_or_refused_in_one_line_where_the_project_has_none(tmp_path: Path, monkeypatch) -> None:
+    assert checkpoint_store(CheckpointConfig(dir=str(tmp_path)), tmp_path) is None, "a folder: no store"
+    config = CheckpointConfig(dir="memory://bucket/run", store_retry_s=3.0)
+    store = checkpoint_store(config, tmp_path)
+    assert type(store).__module__ == "{{cookiecutter.package_name}}.engine.checkpoint.store" and store.retry_s == 3.0
+    found = importlib.util.find_spec  # a project made with object_storage=no: no store.py beside files.py
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name.endswith(".store") else found(name))
+    with pytest.raises(ConfigError) as refused:
+        checkpoint_store(config, tmp_path)
+    assert str(refused.value).startswith("checkpoint.dir=memory://bucket/run is an object store, and this project "
+                                         "was made without them (cookiecutter's object_storage=no): give")  # fmt: skip

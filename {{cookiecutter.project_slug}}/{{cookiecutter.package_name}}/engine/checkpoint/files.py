@@ -54,6 +54,21 @@ def shards_reader(path: Path) -> ModuleType:
     return importlib.import_module(name)
 
 
+def checkpoint_store(config: CheckpointConfig, folder: Path) -> Any:
+    """The object store `checkpoint.dir` names, which each checkpoint goes up to (store.py's CheckpointStore,
+    imported where the project has it), or None where it is a folder; one line where this project was made
+    without object stores (cookiecutter's object_storage=no)."""
+    if not is_remote(config.dir):
+        return None
+    name = f"{__package__}.store"
+    if importlib.util.find_spec(name) is None:
+        raise ConfigError(
+            f"checkpoint.dir={config.dir} is an object store, and this project was made without them "
+            "(cookiecutter's object_storage=no): give checkpoint.dir a folder, or leave it out for the run dir's"
+        )
+    return importlib.import_module(name).CheckpointStore(config.dir, config.store_retry_s, folder)
+
+
 def with_owner_tensors(payload: dict[str, Any], source: Path, owners: list[Any]) -> dict[str, Any]:
     """The payload the owners (the EMA) load from: a file's as it is; a folder of shards' with the owners'
     tensors read in place (the folder's payload is trainer.pt's, without them)."""

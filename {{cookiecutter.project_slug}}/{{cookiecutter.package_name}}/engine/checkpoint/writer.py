@@ -1,9 +1,9 @@
 """The writer of a run's checkpoints (a `step_<N>.pt` per checkpoint, by global rank 0), in the
 background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, found for a resume.
 The sharded strategies' writer (sharded.py) extends it. With `checkpoint.dir` an object store, each
-checkpoint goes up once whole (store.py), and the local folder and the store are one history: a resume
-takes the newest whole checkpoint of either, brought down when it is the store's. A `checkpoint.dir`
-(a folder or a store's prefix) belongs to the run that first used it (owner.py)."""
+checkpoint goes up once whole (store.py, found by files.checkpoint_store), and the local folder and the
+store are one history: a resume takes the newest whole checkpoint of either, brought down when it is the
+store's. A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it (owner.py)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ import torch
 from omegaconf import OmegaConf
 
 from ...common.errors import ConfigError, JobError, first_line
-from ...common.storage import is_remote
 from ...config import CheckpointConfig
 from .files import (
     BEST_FILE,
     TMP_PREFIX,
     NotACheckpoint,
     checkpoint_name,
+    checkpoint_store,
     list_checkpoints,
     load_checkpoint,
     remove,
@@ -36,7 +36,6 @@ from .files import (
     write_text_atomically,
 )
 from .owner import Ownership, run_owning
-from .store import CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class Checkpointer(Ownership):
         self.folder = folder
         self.config = config
         self.is_writer = is_writer
-        self.store = CheckpointStore(config.dir, config.store_retry_s, folder) if is_remote(config.dir) else None
+        self.store = checkpoint_store(config, folder)  # store.py's CheckpointStore, or None for a folder
         self.owner: str | None = None  # this run's name in checkpoint.dir's OWNER_FILE, once claimed
         self.fetches = is_writer if fetches is None else fetches  # brings the store's checkpoint down to resume
         self.last_saved_step: int | None = None
