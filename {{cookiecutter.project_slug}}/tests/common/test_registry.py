@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.common.registry import buildable_beside, member
+from {{cookiecutter.package_name}}.common.registry import buildable_beside, defined_beside
 
 
 def test_the_modules_beside_give_their_buildable_in_name_order_and_a_missing_name_is_an_attribute_error(
@@ -23,9 +23,9 @@ def test_the_modules_beside_give_their_buildable_in_name_order_and_a_missing_nam
     try:
         found = buildable_beside("kit", [str(package)])
         assert [item.__name__ for item in found] == ["First", "Second"]
-        assert member(found, "kit", "Second") is found[1]
+        assert defined_beside("kit", [str(package)], "Second") is found[1]
         with pytest.raises(AttributeError, match="module 'kit' has no attribute 'Unlisted'"):
-            member(found, "kit", "Unlisted")  # present in a module, but not registered: not a member
+            defined_beside("kit", [str(package)], "Unlisted")  # in a module that registers nothing: not a member
         assert buildable_beside("kit", [str(tmp_path / "empty")]) == ()
         assert "kit.c_none" not in sys.modules, "a module that registers nothing is not imported for it"
     finally:

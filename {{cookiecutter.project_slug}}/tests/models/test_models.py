@@ -35,5 +35,8 @@ def test_a_model_of_a_module_beside_is_found_by_its_old_name_and_registered() ->
     assert {"SmallCNN", "MixtureOfExperts"} <= found.keys()
     for name, model in found.items():
         assert getattr(models, name) is model
+    from {{cookiecutter.package_name}}.models import Block  # what gpt.py defines, as when it was models.py's
+
+    assert Block.__module__ == f"{models.__name__}.gpt"
     with pytest.raises(AttributeError, match="module '{{cookiecutter.package_name}}.models' has no attribute 'Nope'"):
         models.Nope  # noqa: B018

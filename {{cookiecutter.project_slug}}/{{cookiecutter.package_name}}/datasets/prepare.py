@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from ..common.errors import USER_ERROR_EXIT, ConfigError, say
+from ..common.registry import modules_with
 
 
 def kinds() -> dict[str, ModuleType]:
     """The kinds this project has, by name: the modules of this folder with `add_prepare_arguments`."""
-    folder = importlib.import_module(__package__).__path__
-    modules = (importlib.import_module(f".{info.name}", __package__) for info in pkgutil.iter_modules(folder))
+    modules = modules_with(__package__, importlib.import_module(__package__).__path__, "add_prepare_arguments")
     return {module.__name__.rsplit(".", 1)[1]: module for module in modules
-            if hasattr(module, "add_prepare_arguments")}  # fmt: skip
+            if hasattr(module, "add_prepare_arguments")}  # fmt: skip  # not this module, which names it
 
 
 def main(argv: Sequence[str] | None = None) -> int:

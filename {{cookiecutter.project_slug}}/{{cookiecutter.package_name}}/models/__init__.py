@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..common.registry import buildable_beside, member
+from ..common.registry import buildable_beside, defined_beside
 
 
 def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
@@ -73,5 +73,6 @@ BUILDABLE = (SmallCNN, MixtureOfExperts, *buildable_beside(__name__, __path__))
 
 
 def __getattr__(name: str) -> Any:
-    """`models.GPT`: the name configs and saved checkpoints give a model of a module beside this one."""
-    return member(BUILDABLE, __name__, name)
+    """`models.GPT`, `models.Block`: the names configs, saved checkpoints and imports give what a module
+    beside this one defines."""
+    return defined_beside(__name__, __path__, name)

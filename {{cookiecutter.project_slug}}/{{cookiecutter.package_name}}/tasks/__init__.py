@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..common.registry import buildable_beside, member
+from ..common.registry import buildable_beside, defined_beside
 
 
 @runtime_checkable
@@ -246,5 +246,6 @@ BUILDABLE = (Classification, InfoNCE, ClassificationWithAux, *buildable_beside(_
 
 
 def __getattr__(name: str) -> Any:
-    """`tasks.LanguageModel`: the name configs and saved checkpoints give a task of a module beside this one."""
-    return member(BUILDABLE, __name__, name)
+    """`tasks.LanguageModel`: the name configs, saved checkpoints and imports give what a module beside this
+    one defines."""
+    return defined_beside(__name__, __path__, name)
