@@ -72,9 +72,11 @@ def test_a_forked_worker_has_what_a_new_interpreter_would(monkeypatch, capfd) ->
     }  # fmt: skip
 
 
-def outputs_snapshot() -> set[Path]:
-    root = PROJECT_DIR / "outputs"
-    return set(root.iterdir()) if root.exists() else set()
+@pytest.fixture(scope="module")
+def quiet_project(tmp_path_factory) -> Path:
+    """A project copy no other test launches in: its outputs/ changes only by what the test under way does
+    (in the shared project, a job beside it under xdist adds its own run dir at any moment)."""
+    return project_copy(tmp_path_factory.mktemp("rejected") / "project")
 
 
 # Several seconds each to start the launcher, which refuses before torchrun: in the slow set, as
@@ -89,14 +91,13 @@ def outputs_snapshot() -> set[Path]:
         (["data=image_folder", "data.root=/nonexistent"], "image_folder: /nonexistent/train does not exist"),
     ],
 )
-def test_launch_script_rejects_bad_input_before_torchrun(args: list[str], message: str) -> None:
-    before = outputs_snapshot()
-    proc = run(["bash", "scripts/run_single.sh", *args], expect_ok=False, timeout=120)
+def test_launch_script_rejects_bad_input_before_torchrun(args: list[str], message: str, quiet_project: Path) -> None:
+    proc = run(["bash", "scripts/run_single.sh", *args], cwd=quiet_project, expect_ok=False, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert proc.stderr.count("\n") == 1, "one line that says what is wrong and what to do"
     assert "Traceback" not in proc.stderr and "torch.distributed" not in proc.stdout
-    assert outputs_snapshot() == before, "a rejected launch must not create a run dir"
+    assert not list((quiet_project / "outputs").glob("*")), "a rejected launch must not create a run dir"
 
 
 @pytest.mark.slow
