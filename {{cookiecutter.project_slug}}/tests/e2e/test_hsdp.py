@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 # small_cnn (the default model, with BatchNorm buffers): 4 processes x 16 samples, 8 steps an epoch, 16 in all.
 HSDP = [*SMALL, "strategy=hsdp", "data.train_size=512", "data.val_size=200", "data.batch_size=16",
         "trainer.epochs=2", "checkpoint.every_n_steps=4", "checkpoint.keep_last=10"]  # fmt: skip
-TWO_NODES = ["NNODES=2:2", "NPROC_PER_NODE=2", "MAX_RESTARTS=2"]  # elastic: a node may be launched again
+# Elastic: a node may be launched again; the killed one is dropped 6 s after its last heartbeat, not 15.
+TWO_NODES = ["NNODES=2:2", "NPROC_PER_NODE=2", "MAX_RESTARTS=2", "RDZV_HEARTBEAT_S=2"]
 LAST = 16
 
 

@@ -145,14 +145,15 @@ def test_a_node_of_a_job_of_fixed_size_gets_torchruns_rendezvous_and_a_run_named
 
 def test_an_elastic_job_meets_at_node_zeros_c10d_rendezvous_with_a_fresh_store_each_round() -> None:
     host = planned("multi", "NODE_RANK=0", "NNODES=1:3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29400",
-                   "RDZV_LAST_CALL_S=0")  # fmt: skip
+                   "RDZV_LAST_CALL_S=0", "RDZV_HEARTBEAT_S=2")  # fmt: skip
     assert host.torchrun_args[-5:] == [
         "--nnodes=1:3", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=multi_127.0.0.1_29400",
-        "--rdzv-conf=is_host=1,last_call_timeout=0",
+        "--rdzv-conf=is_host=1,last_call_timeout=0,keep_alive_interval=2,keep_alive_max_attempt=3",
     ]  # fmt: skip
     assert host.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     other = planned("multi", "NODE_RANK=2", "NNODES=3:3", "MASTER_ADDR=127.0.0.1", "RDZV_LAST_CALL_S=7")
-    assert other.torchrun_args[-1] == "--rdzv-conf=is_host=0,last_call_timeout=7"
+    conf = "--rdzv-conf=is_host=0,last_call_timeout=7,keep_alive_interval=5,keep_alive_max_attempt=3"
+    assert other.torchrun_args[-1] == conf, "torchrun's own heartbeat unless RDZV_HEARTBEAT_S is given"
 
 
 def test_a_nodes_own_address_is_where_its_stores_listen_and_names_gloos_and_ncclss_interface(monkeypatch) -> None:
@@ -169,6 +170,7 @@ def test_a_nodes_own_address_is_where_its_stores_listen_and_names_gloos_and_nccl
     (["NODE_RANK=0", "NNODES=0:2"], "NNODES=0:2: MIN must be at least 1"),
     (["NODE_RANK=0", "NNODES=3:2"], "NNODES=3:2: MIN is larger than MAX; give NNODES=MIN:MAX with MIN <= MAX"),
     (["NODE_RANK=0", "WAIT_FOR_NODES_S=0"], "WAIT_FOR_NODES_S=0 must be at least 1"),
+    (["NODE_RANK=0", "NNODES=1:2", "RDZV_HEARTBEAT_S=0"], "RDZV_HEARTBEAT_S=0 must be at least 1"),
     (["NODE_RANK=0", "MASTER_ADDR=nowhere.invalid"], "MASTER_ADDR=nowhere.invalid does not resolve on this machine: "
      "give node 0's address as every node can reach it (an IP address, or a name in DNS or /etc/hosts)"),
 ])  # fmt: skip
@@ -181,8 +183,10 @@ def test_many_nodes_keys_outside_their_bounds_are_refused_in_one_line(keys: list
 
 def test_many_nodes_keys_at_their_bounds_are_taken() -> None:
     launch = planned("multi", "NODE_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "NNODES=1:1",
-                     "WAIT_FOR_MASTER_S=0", "WAIT_FOR_NODES_S=1", "RDZV_LAST_CALL_S=0")  # fmt: skip
-    assert launch.torchrun_args[-1] == "--rdzv-conf=is_host=1,last_call_timeout=0"
+                     "WAIT_FOR_MASTER_S=0", "WAIT_FOR_NODES_S=1", "RDZV_LAST_CALL_S=0",
+                     "RDZV_HEARTBEAT_S=1")  # fmt: skip
+    conf = "--rdzv-conf=is_host=1,last_call_timeout=0,keep_alive_interval=1,keep_alive_max_attempt=3"
+    assert launch.torchrun_args[-1] == conf
 
 
 def test_an_address_is_found_on_its_own_interface_and_nowhere_else(monkeypatch) -> None:

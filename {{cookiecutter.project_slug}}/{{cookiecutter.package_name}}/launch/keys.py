@@ -57,6 +57,8 @@ KEYS = (
         modes=("multi", "comm")),
     Key("RDZV_LAST_CALL_S", "5", "elastic: how long the rendezvous waits for more nodes once MIN have come",
         modes=("multi", "comm")),
+    Key("RDZV_HEARTBEAT_S", "5", "elastic: how often each node tells the rendezvous it lives; one silent for 3 is "
+        "dropped and the others go on without it", modes=("multi", "comm")),
     Key("DEBUG", "0", "1: diagnose a hang, into <run dir>/debug/: torch.distributed and NCCL debug logs, NCCL's "
         "flight recorder, every rank's Python stack when a step outlasts dist.timeout_s and on kill -USR1 <pid> "
         "(docs/debugging.md)", modes=("single", "multi")),

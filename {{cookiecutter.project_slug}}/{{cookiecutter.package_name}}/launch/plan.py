@@ -146,6 +146,7 @@ def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
     whole_number(values, "WAIT_FOR_MASTER_S", 0)
     whole_number(values, "WAIT_FOR_NODES_S", 1)
     last_call = whole_number(values, "RDZV_LAST_CALL_S", 0)
+    heartbeat = whole_number(values, "RDZV_HEARTBEAT_S", 1)
     port = whole_number(values, "MASTER_PORT", 1)
     if port > 65535:
         raise LaunchError(f"MASTER_PORT={port} is outside 1..65535")
@@ -194,7 +195,8 @@ def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return [*args, f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={address}:{port}",
             f"--rdzv-id={values['RUN_NAME']}",
-            f"--rdzv-conf=is_host={int(node_rank == 0)},last_call_timeout={last_call}"]  # fmt: skip
+            f"--rdzv-conf=is_host={int(node_rank == 0)},last_call_timeout={last_call},"
+            f"keep_alive_interval={heartbeat},keep_alive_max_attempt=3"]  # fmt: skip
 
 
 def interface_of(address: str) -> str | None:
