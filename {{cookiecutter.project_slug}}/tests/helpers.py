@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -41,6 +42,10 @@ from {{cookiecutter.package_name}}.launch.plan import plan, worker_environment
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
+# TensorBoard off where the bake has it: its import costs rank 0 0.4 CPU-s in every job (and every restart),
+# on 2 cores a second core's worth of a job's start. Its own tests turn it on: tests/e2e/test_tensorboard.py.
+TENSORBOARD_SINK = "{{cookiecutter.package_name}}.observe.sinks.tensorboard"
+WITHOUT_TENSORBOARD = ["log.tensorboard=false"] if importlib.util.find_spec(TENSORBOARD_SINK) else []
 # A small job: a couple of seconds per epoch on two CPU processes (whatever the project's defaults).
 SMALL = [
     "task=classification",
@@ -52,6 +57,7 @@ SMALL = [
     "data.image_size=16",  # a quarter of 32x32's convolutions: a job is mostly its start, not its steps
     "trainer.epochs=2",
     "trainer.log_every_n_steps=4",
+    *WITHOUT_TENSORBOARD,
 ]
 
 

@@ -45,7 +45,7 @@ step: 5
 seconds: 600
 mark: stalled_at
 """
-TIMEOUT_S = 15  # above a slow start on a loaded machine: init_process_group waits this long too
+TIMEOUT_S = 10  # above a slow start on a loaded machine: init_process_group waits this long too
 # The ranks that waited give the others 5 s to say so too, then write their stacks (0.5 s) and stop;
 # the launcher polls for that every 0.2 s. The rest is slack for a loaded machine.
 MARGIN_S = 15

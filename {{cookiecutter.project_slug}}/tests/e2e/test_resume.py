@@ -291,11 +291,11 @@ def test_a_diverging_resume_stops_naming_the_step_and_keeps_finite_checkpoints(r
 
 
 def test_a_stop_signal_after_the_last_step_lets_the_run_finish_and_exit_0(tmp_path: Path) -> None:
-    # A large validation set of 32x32 images (about 2 s on 2 ranks): the signal lands while the final evaluation
-    # runs, training done.
-    proc = start(tmp_path, 2, *SMALL, "trainer.epochs=1", "data.val_size=8000", "data.image_size=32",
-                 "checkpoint.every_n_steps=0")  # fmt: skip
-    last = 1024 // 64  # the epoch's last step
+    # A large validation set of 32x32 images (about 2 s on 2 ranks) after 4 steps: the signal lands while the final
+    # evaluation runs, training done.
+    proc = start(tmp_path, 2, *SMALL, "trainer.epochs=1", "data.train_size=256", "data.val_size=8000",
+                 "data.image_size=32", "checkpoint.every_n_steps=0")  # fmt: skip
+    last = 256 // 64  # the epoch's last step
     wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and any(r["step"] == last for r in read_metrics(tmp_path)),
              "the last step's record")  # fmt: skip
     os.killpg(proc.pid, signal.SIGTERM)

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.slow
 def test_event_files_hold_the_training_and_validation_scalars(tmp_path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL, "data.train_size=512"])
+    run(["bash", "scripts/run_single.sh", "NPROC_PER_NODE=2", f"RUN_DIR={tmp_path}", *SMALL, "data.train_size=512",
+         "log.tensorboard=true"])  # fmt: skip
     files = list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert len(files) == 1, "rank 0 alone writes TensorBoard events"
     events = EventAccumulator(str(tmp_path / "tb"))
