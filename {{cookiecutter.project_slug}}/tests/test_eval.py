@@ -91,6 +91,18 @@ def test_a_path_that_is_not_a_checkpoint_is_refused_in_one_line(
     assert reason in err and "give a checkpoints/step_<N>.pt" in err
 
 
+def test_a_task_the_checkpoints_model_cannot_take_is_refused_in_one_line(
+    in_process, trained, monkeypatch, capsys
+) -> None:
+    checkpoint, _ = trained
+    with pytest.raises(SystemExit) as stopped:
+        evaluate(monkeypatch, capsys, f"ckpt_path={checkpoint}", "task=language_model")
+    assert stopped.value.code == 2 and in_process == []
+    err = capsys.readouterr().err
+    assert err.startswith("error: model, data and task do not fit together: one batch fails with "), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_ckpt_path_best_evaluates_the_best_checkpoint_and_its_ema(in_process, tmp_path, monkeypatch, capsys) -> None:
     """checkpoint.keep_best's best, by `<run dir>/checkpoints/best` and by a bare `best` (the newest run
     under outputs/), scored as the run's validation scored it: with the EMA of the weights."""

@@ -107,9 +107,7 @@ def test_eval_is_identical_at_world_sizes_1_2_3(trained_run) -> None:
     assert line.startswith("val_loss=") and line.endswith("val_samples=251")
     final = [m for m in read_metrics(run_dir) if m["kind"] == "val"][-1]
     assert f"val_acc={final['val_acc']:.6f}" in line and final["val_samples"] == 251
-    other_task = run([PYTHON, "eval.py", f"ckpt_path={checkpoint}", "task=language_model"], expect_ok=False)
-    assert other_task.returncode == 2 and other_task.stderr.count("\n") == 1, other_task.stderr[-3000:]
-    assert other_task.stderr.startswith("error: model, data and task do not fit together: one batch fails with ")
+    # (A task the checkpoint's model cannot take, refused in one line: tests/test_eval.py, in-process.)
 
 
 def test_plot_script_draws_the_run(trained_run) -> None:
