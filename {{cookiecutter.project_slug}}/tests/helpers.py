@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -25,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from {{cookiecutter.package_name}}.common.placement import DistEnv
@@ -38,14 +37,23 @@ from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.launch.keys import parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan, worker_environment
+from {{cookiecutter.package_name}}.observe.sinks import sink_modules
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
-# TensorBoard off where the bake has it: its import costs rank 0 0.4 CPU-s in every job (and every restart),
-# on 2 cores a second core's worth of a job's start. Its own tests turn it on: tests/e2e/test_tensorboard.py.
-TENSORBOARD_SINK = "{{cookiecutter.package_name}}.observe.sinks.tensorboard"
-WITHOUT_TENSORBOARD = ["log.tensorboard=false"] if importlib.util.find_spec(TENSORBOARD_SINK) else []
+
+def sinks_on_by_default() -> list[str]:
+    """The sinks this project has (observe/sinks/) that configs/train.yaml's `log` section switches on."""
+    log = OmegaConf.load(PROJECT_DIR / "configs" / "train.yaml")["log"]
+    names = [module.__name__.rsplit(".", 1)[-1] for module in sink_modules()]
+    return [name for name in names if log.get(name) is True]
+
+
+# The sinks on by default, off in the tests' jobs: TensorBoard's import costs rank 0 0.2-0.4 CPU-s in every job
+# and every restart. Each sink's own tests switch it on (tests/observe/sinks/, tests/e2e/).
+SINKS_OFF = [f"log.{name}=false" for name in sinks_on_by_default()]
+
 # A small job: a couple of seconds per epoch on two CPU processes (whatever the project's defaults).
 SMALL = [
     "task=classification",
@@ -57,7 +65,7 @@ SMALL = [
     "data.image_size=16",  # a quarter of 32x32's convolutions: a job is mostly its start, not its steps
     "trainer.epochs=2",
     "trainer.log_every_n_steps=4",
-    *WITHOUT_TENSORBOARD,
+    *SINKS_OFF,
 ]
 
 
