@@ -50,8 +50,8 @@ def sinks_on_by_default() -> list[str]:
     return [name for name in names if log.get(name) is True]
 
 
-# The sinks on by default, off in the tests' jobs: TensorBoard's import costs rank 0 0.2-0.4 CPU-s in every job
-# and every restart. Each sink's own tests switch it on (tests/observe/sinks/, tests/e2e/).
+# The sinks on by default, off in the tests' jobs: a sink's import cost rank 0 0.2-0.4 CPU-s in every job and
+# every restart. Each sink's own tests switch it on (tests/observe/sinks/, tests/e2e/).
 SINKS_OFF = [f"log.{name}=false" for name in sinks_on_by_default()]
 
 # A small job: a couple of seconds per epoch on two CPU processes (whatever the project's defaults).

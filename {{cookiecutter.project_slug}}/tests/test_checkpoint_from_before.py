@@ -38,7 +38,7 @@ def renamed(value: object, package: str) -> object:
 def old_run(tmp_path: Path) -> Path:
     payload = torch.load(FIXTURE, weights_only=True)
     payload["config"] = renamed(payload["config"], "{{cookiecutter.package_name}}")
-    # The sinks this bake has (a bake without TensorBoard or a tracker has no key for it): not what moved.
+    # The sinks this bake has (a bake without a sink has no key for it): not what moved.
     payload["config"]["log"] = to_plain_dict(to_train_config(compose_config(RUN)))["log"]
     (tmp_path / "checkpoints").mkdir()
     torch.save(payload, tmp_path / "checkpoints" / FIXTURE.name)

@@ -1,5 +1,5 @@
 """observe/figures.py: the log line's peak memory, tokens/s and MFU, from what the task and model say.
-Their place in metrics.jsonl: tests/engine/test_trainer.py; in TensorBoard: sinks/test_tensorboard.py."""
+Their place in metrics.jsonl: tests/engine/test_trainer.py; in the other sinks: tests/observe/sinks/."""
 
 from __future__ import annotations
 

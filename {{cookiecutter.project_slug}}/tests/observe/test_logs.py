@@ -58,7 +58,7 @@ def test_the_progress_bar_is_drawn_by_rank_zero_and_only_on_a_terminal(
 
 
 class RecordingSink:
-    """A tracker as MetricsLog takes them (TensorBoard's is one): write(kind, values) and close()."""
+    """A sink as MetricsLog takes them: write(kind, values) and close()."""
 
     def __init__(self) -> None:
         self.records: list[tuple[str, dict[str, Any]]] = []

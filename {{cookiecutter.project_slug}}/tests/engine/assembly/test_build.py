@@ -31,7 +31,7 @@ TINY = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=4
 
 @pytest.fixture
 def built() -> Iterator[list[Trainer]]:
-    """The trainers a test built, their sinks closed after it (a TensorBoard writer has a thread)."""
+    """The trainers a test built, their sinks closed after it (a sink's writer may hold a thread)."""
     trainers: list[Trainer] = []
     yield trainers
     for trainer in trainers:
