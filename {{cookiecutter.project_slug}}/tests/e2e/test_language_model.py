@@ -18,9 +18,11 @@ from .jobs import finish, read_metrics, start
 
 pytestmark = pytest.mark.slow
 
-# 2 processes x 12 windows a step, 100 steps an epoch; dropout on, so the generator states matter.
+# 2 processes x 12 windows a step, 100 steps an epoch; dropout on, so the generator states matter. Two of the
+# GPT's four blocks at twice its learning rate: further below the bar (3% against 2%) in 60% of the CPU time.
 LM = ["task=language_model", "data.train_samples=2400", "data.val_samples=301", "model.dropout=0.1",
-      "trainer.log_every_n_steps=10", "checkpoint.every_n_steps=10", "checkpoint.keep_last=20"]  # fmt: skip
+      "model.layers=2", "optim.lr=0.004", "trainer.log_every_n_steps=10", "checkpoint.every_n_steps=10",
+      "checkpoint.keep_last=20"]  # fmt: skip
 
 
 def unigram_entropy_nats(data: torch.Tensor) -> float:
@@ -31,7 +33,7 @@ def unigram_entropy_nats(data: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """The 2-process run (one epoch: its validation is 5% under the bar on this CPU, 8% after a second)."""
+    """The 2-process run (one epoch: its validation loss is 3% under the bar on this CPU)."""
     run_dir = tmp_path_factory.mktemp("lm") / "reference"
     code, output = finish(start(run_dir, 2, *LM, "trainer.epochs=1"))
     assert code == 0, output[-3000:]
