@@ -1,9 +1,9 @@
-"""Communication options in real jobs: compression hooks, GPU selection, backend choice."""
+"""Communication options in real jobs: compression hooks, GPU selection. The backend's choice and its refusals:
+tests/common/test_placement.py, in-process."""
 
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 from {{cookiecutter.package_name}}.models import SmallCNN
 
@@ -29,17 +29,10 @@ def test_powersgd_trains_on_one_process_per_listed_gpu(tmp_path) -> None:
     assert [r for r in records if r["kind"] == "val"][-1]["val_acc"] > 0.3
 
 
-# The two below start the launcher only to be refused, several seconds each: in the slow set, as
-# tests/common/test_placement.py (the backend) and tests/config/test_schema.py (the hook settings) check them
-# in-process.
-@pytest.mark.slow
-@pytest.mark.skipif(dist.is_mpi_available(), reason="this torch has MPI: the backend is accepted")
-def test_mpi_is_refused_with_a_hint_where_torch_lacks_it() -> None:
-    proc = run(["bash", "scripts/run_single.sh", "dist.backend=mpi"], expect_ok=False)
-    assert proc.returncode == 2
-    assert "dist.backend=mpi: this torch was built without MPI; use dist.backend=gloo or nccl" in proc.stderr
-
-
+# dist.backend=mpi where torch lacks it, refused in one line: tests/common/test_placement.py (the pre-flight
+# check's refusals through the launch script, exit 2 before torchrun: test_launch.py). The hook settings
+# below are refused by the launcher's first check, in a fraction of a second (and in-process:
+# tests/config/test_schema.py).
 @pytest.mark.slow
 @pytest.mark.parametrize("override", ["ddp.comm_hook=int8", "ddp.powersgd_rank=0", "ddp.powersgd_start_iter=1"])
 def test_bad_hook_settings_are_refused(override: str) -> None:

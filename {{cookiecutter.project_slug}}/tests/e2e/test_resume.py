@@ -161,16 +161,10 @@ def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> N
     assert re.search(r"saved by 3 processes, now 2", (run_dir / "logs" / "rank_0.log").read_text())
 
 
-def test_incompatible_checkpoint_is_refused_before_torchrun(reference: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    name = f"step_{LAST_STEP:08d}.pt"
-    (run_dir / "checkpoints" / name).write_bytes((reference / "checkpoints" / name).read_bytes())
-    proc = run(["bash", "scripts/run_single.sh", f"RUN_DIR={run_dir}", "model.width=16"], expect_ok=False)
-    assert proc.returncode == 2
-    assert "model.width: checkpoint 32, config 16" in proc.stderr
-    assert "torch.distributed" not in proc.stdout + proc.stderr
-    assert list((run_dir / "checkpoints").iterdir()) == [run_dir / "checkpoints" / name]
+# A relaunch whose overrides its checkpoint cannot take (another model width, data set, a finished run), refused
+# in one line before torchrun, the checkpoints untouched: tests/engine/assembly/test_checks.py and
+# tests/config/test_compatibility.py, in-process; the pre-flight check's refusals through the launch script,
+# exit 2: test_launch.py.
 
 
 def test_resume_from_a_path_and_never_over_existing_checkpoints(reference: Path, tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ def test_a_relaunch_with_overrides_the_checkpoint_cannot_take_is_refused(tmp_pat
         with pytest.raises(ConfigError, match=refusal) as refused:
             check_launch_for([*job, *overrides], run_dir, nproc=2)
         assert f"checkpoint {run_dir / 'checkpoints' / 'step_00000032.pt'} " in str(refused.value), "which one"
+        assert [path.name for path in (run_dir / "checkpoints").iterdir()] == ["step_00000032.pt"], "untouched"
         check_launch_for(job, run_dir, nproc=2)  # as launched before: fine
     # A checkpoint.dir another run owns (its .owner): refused in one line before torchrun, nothing written.
     shared = tmp_path / "shared"
