@@ -83,7 +83,7 @@ def test_the_shipped_resnets_train_and_resume_bit_exactly(
 ) -> None:
     """The shipped resnets (resnet50's 53 BatchNorm layers; resnet18 sharded), 16x16 images, on two ranks: a
     resumed run's weights and buffers are the uninterrupted run's, bit for bit, and training changed them.
-    (A real SIGKILL and torchrun's restart: tests/e2e/test_resume.py, test_resume_models.py, test_fsdp.py.)"""
+    (A real SIGKILL: tests/e2e/test_resume.py (torchrun's restart), test_language_model.py, test_fsdp.py.)"""
     job = [f"strategy={strategy}", f"model={model}", "data.image_size=16", "data.num_classes=4"]
     ends = on_ranks(2, train_stop_resume, tmp_path, job)[0]
     assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
