@@ -110,28 +110,47 @@ def test_kill_during_a_checkpoint_write_keeps_every_checkpoint_whole(tmp_path: P
     assert resumed >= 3 and steps_saved(run_dir)[-1] == 8, (resumed, steps_saved(run_dir))
 
 
+# A process that imports torch once and forks a writer for each folder the test names (torch's import, 1.5 CPU-s,
+# once, not once a kill): the writer saves checkpoints in a loop until the test SIGKILLs it.
+WRITERS = """
+import os, sys, torch
+from pathlib import Path
+from {{cookiecutter.package_name}}.engine.checkpoint.files import write_atomically, checkpoint_name
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        state = {"model": {"w": torch.randn(4_000_000)}, "step": 0}
+        for step in range(1, 10_000):
+            state["step"] = step
+            write_atomically(state, Path(line.strip()) / checkpoint_name(step))
+        os._exit(0)
+    print(pid, flush=True)
+    print(os.waitpid(pid, 0)[1], flush=True)
+"""
+
+
 def test_atomic_write_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
-    writer = (
-        "import sys, torch\n"
-        "from pathlib import Path\n"
-        "from {{cookiecutter.package_name}}.engine.checkpoint.files import write_atomically, checkpoint_name\n"
-        "state = {'model': {'w': torch.randn(4_000_000)}, 'step': 0}\n"
-        "for step in range(1, 10_000):\n"
-        "    state['step'] = step\n"
-        "    write_atomically(state, Path(sys.argv[1]) / checkpoint_name(step))\n"
-    )
-    for attempt in range(6):
-        folder = tmp_path / str(attempt)
-        folder.mkdir()
-        proc = subprocess.Popen([sys.executable, "-c", writer, str(folder)], cwd=PROJECT_DIR)
-        wait_for(lambda folder=folder: len(list(folder.iterdir())) >= 2, "two files")
-        time.sleep(0.013 * attempt)
-        proc.kill()
-        proc.wait()
-        names = list_checkpoints(folder)
-        assert names, "at least the first checkpoint must be complete"
-        for path in names:
-            assert load_checkpoint(path)["model"]["w"].numel() == 4_000_000
+    writers = subprocess.Popen([sys.executable, "-c", WRITERS], cwd=PROJECT_DIR, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert writers.stdin is not None and writers.stdout is not None
+    try:
+        for attempt in range(6):
+            folder = tmp_path / str(attempt)
+            folder.mkdir()
+            writers.stdin.write(f"{folder}\n")
+            writers.stdin.flush()
+            pid = int(writers.stdout.readline())
+            wait_for(lambda folder=folder: len(list(folder.iterdir())) >= 2, "two files")
+            time.sleep(0.013 * attempt)
+            os.kill(pid, signal.SIGKILL)
+            assert int(writers.stdout.readline()) == signal.SIGKILL, "killed while writing, not ended"
+            names = list_checkpoints(folder)
+            assert names, "at least the first checkpoint must be complete"
+            for path in names:
+                assert load_checkpoint(path)["model"]["w"].numel() == 4_000_000
+    finally:
+        writers.kill()
+        writers.communicate()
 
 
 def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import io
 import logging
 import logging.handlers
 import pickle
-import re
 import subprocess
 import warnings
 from pathlib import Path
@@ -38,20 +37,22 @@ from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.models import SmallCNN
 
-from ...helpers import CPU, PYTHON, assert_same, compose_config, on_ranks, record_fsyncs, run
+from ...helpers import CPU, assert_same, compose_config, on_ranks, record_fsyncs
+
+
+def fit(env: DistEnv, run_dir: Path, *overrides: str) -> None:
+    build_trainer(to_train_config(compose_config(list(overrides))), env, run_dir).fit()
 
 
 @pytest.mark.slow
 def test_a_sharded_checkpoint_round_trips_in_a_world_of_one(tmp_path: Path) -> None:
-    """fsdp over one process (python train.py strategy=fsdp): the folder of shards holds the trained
-    weights, read back whole; a ddp run of the same job trains the same weights."""
+    """fsdp over one process: the folder of shards holds the trained weights, read back whole; a ddp run of
+    the same job trains the same weights. (As plain python, `python train.py`, a world of one:
+    tests/e2e/test_training.py.)"""
     job = ["task=classification", "model=small_cnn", "data=synthetic", "data.train_size=64", "data.val_size=20",
            "data.batch_size=16", "trainer.epochs=1", "checkpoint.every_n_steps=2"]  # fmt: skip
-    runs = {}
     for strategy in ("fsdp", "ddp"):
-        run_dir = tmp_path / strategy
-        proc = run([PYTHON, "train.py", f"hydra.run.dir={run_dir}", f"strategy={strategy}", *job])
-        runs[strategy] = re.findall(r"sha256 (\w+)", proc.stdout + proc.stderr)[-1]
+        on_ranks(1, fit, tmp_path / strategy, f"strategy={strategy}", *job)
     folder = tmp_path / "fsdp" / "checkpoints" / "step_00000004"
     whole = read_whole(folder)
     ddp = torch.load(tmp_path / "ddp" / "checkpoints" / "step_00000004.pt", weights_only=True)
