@@ -24,11 +24,9 @@ def assert_report(output: str, world_size: int) -> None:
     assert len(re.findall(r"^\s+\d+\s+\S+\s+\d+\s+cpu\s+gloo$", output, re.MULTILINE)) == world_size
 
 
-def test_one_node() -> None:
-    proc = run(["bash", "scripts/check_comm.sh", "NPROC_PER_NODE=2"])
-    assert_report(proc.stdout, 2)
-
-
+# One node (`bash scripts/check_comm.sh`, run_single.sh's keys): the same check, started by the plan
+# tests/launch/test_plan.py checks in-process (--standalone, two processes, no restart); the check itself,
+# its table and its exit code, through the script on two nodes here.
 def test_two_nodes_with_the_launcher_keys() -> None:
     port = free_port()
     outputs = finish_nodes(node(1, port, script="check_comm.sh"), node(0, port, script="check_comm.sh"))
