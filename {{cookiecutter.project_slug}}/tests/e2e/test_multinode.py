@@ -96,10 +96,11 @@ def test_an_elastic_job_goes_on_without_a_killed_node_and_takes_it_back_when_it_
         resumed = int(re.search(left, (run_dir / "logs" / "rank_0.log").read_text()).group(1))
         wait_for(lambda: max(steps_saved(run_dir)) > resumed, "a checkpoint of node 0 alone", timeout=120)
         again = node(1, port, f"RUN_NAME={run_name}", *ELASTIC)
-        output, _ = finish_nodes(first, again)
+        outputs = finish_nodes(first, again)
         log = (run_dir / "logs" / "rank_0.log").read_text()
         assert re.search(r"resumed from .*\(saved by 1 processes, now 2\)", log), log[-3000:]
-        assert "final: val_loss=" in output
+        # Rank 0 says the final figures; the rendezvous after the node's return may give rank 0 to either node.
+        assert any("final: val_loss=" in output for output in outputs), outputs[0][-3000:]
         prints = fingerprints(run_dir)
         assert set(prints) == {"rank_0", "rank_1"} and len(set(prints.values())) == 1, prints
     finally:
