@@ -4,14 +4,13 @@
 OUT holds the unwrapped model's state dict, tensors only: `model.load_state_dict(torch.load(OUT,
 weights_only=True))`, or `safetensors.torch.load_file(OUT)` for a `.safetensors` OUT, puts the trained
 weights into the model the run's config builds, without any of this project's code. One process, no
-process group: the shards are read whole. `--format hf` writes the GPT as a Hugging Face GPT-2 folder instead
-(`transformers.AutoModelForCausalLM.from_pretrained(OUT)`; engine/checkpoint/hf.py).
+process group: the shards are read whole. `--format` writes another format instead, where the project has one
+(engine/checkpoint/weights.py's weight_formats).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -20,20 +19,19 @@ import torch
 
 from .common.errors import ConfigError, fail
 from .common.storage import local_path
-from .datasets.tokenizer import FILE
 from .engine.assembly.components import build_model
 from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, write_atomically
-from .engine.checkpoint.hf import to_gpt2, write_folder
 from .engine.checkpoint.trust import check_trusted, saved_config
-from .engine.checkpoint.weights import has_ema, load_weights
+from .engine.checkpoint.weights import has_ema, load_weights, weight_formats
 from .engine.distributed.process_group import weights_fingerprint
 from .observe.provenance import write_export_record
 
 
-def export(checkpoint: Path, out: Path, trust: bool = False, hf: bool = False) -> str:
+def export(checkpoint: Path, out: Path, trust: bool = False, form: str = "plain") -> str:
     """Write the checkpoint's model weights to `out` (the EMA's, where the run kept one); their
     fingerprint. `checkpoint` may be `<run dir>/checkpoints/best` (checkpoint.keep_best's best).
-    A checkpoint whose config names code outside the project is refused unless `trust` (trust.py)."""
+    A checkpoint whose config names code outside the project is refused unless `trust` (trust.py). `form`:
+    "plain", or one of weight_formats()."""
     if checkpoint.name == "best":
         checkpoint = best_checkpoint(checkpoint)
     if out.exists():
@@ -52,29 +50,15 @@ def export(checkpoint: Path, out: Path, trust: bool = False, hf: bool = False) -
     out.parent.mkdir(parents=True, exist_ok=True)
     kind = "EMA weights (trainer.ema)" if has_ema(checkpoint, payload) else "weights"  # what validation scored
     line = f"{kind} at step {payload['step']}: sha256 {weights_fingerprint(weights)}"
-    note = ""
-    if hf:  # a folder Hugging Face's GPT-2 loads
-        config, tensors = to_gpt2(model)
-        tokenizer, note = bpe_tokenizer(saved)
-        write_folder(out, config, tensors, tokenizer)
+    said = line
+    if form != "plain":
+        said = weight_formats()[form].export_to(out, model, saved, line)
     elif out.suffix == ".safetensors":
         write_atomically(weights, out, safetensors_writer({"step": str(payload["step"]), "weights": line}))
     else:
         write_atomically(weights, out)
     write_export_record(checkpoint, payload, out, line)  # the training run's provenance, beside OUT
-    return f"GPT-2 of the {line}{note}" if hf else line
-
-
-def bpe_tokenizer(saved: dict) -> tuple[Path | None, str]:
-    """The tokenizer.json of the token folder a BPE run trained on (data=tokens), and a note where it is not here."""
-    folder = (saved.get("task") or {}).get("vocab_from")
-    if not folder:
-        return None, ""  # bytes: ids 0-255 are the bytes themselves, no tokenizer file
-    try:
-        meta = json.loads((Path(folder) / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None, f"; no tokenizer.json: the run's token folder {folder} is not here"
-    return (Path(folder) / meta.get("tokenizer_file", FILE), "") if meta.get("tokenizer") == "bpe" else (None, "")
+    return said
 
 
 def safetensors_writer(metadata: dict[str, str]) -> Callable[[dict[str, torch.Tensor], BinaryIO], None]:
@@ -93,14 +77,14 @@ def main(argv: list[str] | None = None) -> None:
     where = "a run's checkpoints/step_<N>.pt (ddp), step_<N>/ (sharded), or checkpoints/best (keep_best)"
     parser.add_argument("checkpoint", help=where)
     parser.add_argument("out", type=Path, help="the file to write (must not exist): .safetensors, else torch's .pt")
-    hf = "hf: a folder that transformers' AutoModelForCausalLM loads as a GPT-2 (model=gpt only)"
-    parser.add_argument("--format", choices=["plain", "hf"], default="plain", help=hf)
+    formats = weight_formats()
+    helps = "; ".join(module.FORMAT_HELP for module in formats.values())
+    parser.add_argument("--format", choices=["plain", *formats], default="plain", help=helps or None)
     trust = "build a model whose config names code outside this project (only for a checkpoint you trust)"
     parser.add_argument("--trust-checkpoint", action="store_true", help=trust)
     args = parser.parse_args(argv)
     try:
-        line = export(Path(local_path(args.checkpoint, "CHECKPOINT")), args.out, args.trust_checkpoint,
-                      args.format == "hf")  # fmt: skip
+        line = export(Path(local_path(args.checkpoint, "CHECKPOINT")), args.out, args.trust_checkpoint, args.format)
     except ConfigError as error:
         fail(str(error))
     print(f"wrote {args.out}: {line}")

@@ -129,3 +129,16 @@ def test_a_gpt2_made_by_transformers_is_fine_tuned_under_ddp_and_fsdp(hf_gpt2: P
         with torch.no_grad():
             torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=0, msg=strategy)
         assert list((tmp_path / strategy / "checkpoints").glob("step_*")), f"{strategy}: and it trained"
+
+
+def test_the_export_and_init_from_find_this_format_by_what_is_present(capsys) -> None:
+    """Nothing outside hf.py names it (engine/checkpoint/weights.py's weight_formats): a project without the
+    module has neither `--format hf` nor a GPT-2 folder as model.init_from, and nothing else changes."""
+    from {{cookiecutter.package_name}}.engine.checkpoint import hf
+    from {{cookiecutter.package_name}}.engine.checkpoint.weights import weight_formats
+    from {{cookiecutter.package_name}}.export import main
+
+    assert weight_formats() == {"hf": hf}
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--format {plain,hf}" in capsys.readouterr().out

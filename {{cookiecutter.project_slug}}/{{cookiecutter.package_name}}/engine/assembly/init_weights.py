@@ -25,8 +25,8 @@ from ...common.errors import ConfigError
 from ...common.placement import DistEnv
 from ...common.storage import local_path
 from ..checkpoint.files import TRAINER_FILE, NotACheckpoint, load_checkpoint, shards_reader
-from ..checkpoint.hf import is_gpt2_folder, read_gpt2
 from ..checkpoint.trust import check_trusted, saved_config
+from ..checkpoint.weights import weight_formats
 from ..distributed.process_group import broadcast_bytes, is_distributed
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,9 @@ def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None
     Hugging Face folder's config.json is checked against `model` (a GPT-2's sizes must be the GPT's)."""
     if not path.exists():
         raise ConfigError(f"model.init_from={path}: no such file or folder; give a weights file or a run's checkpoint")
-    if model is not None and is_gpt2_folder(path):
-        return read_gpt2(path, model)
+    for form in weight_formats().values() if model is not None else ():  # another format's folder (hf.py's)
+        if form.takes(path):
+            return form.read(path, model)
     if path.is_dir():
         check_folder_trusted(path / TRAINER_FILE, trust)
         reader = shards_reader(path)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ...common.errors import ConfigError
+from ...datasets.tokenizer import FILE
 from ...models.gpt import GPT, Block
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
@@ -109,6 +110,43 @@ def write_folder(out: Path, config: dict[str, Any], tensors: dict[str, torch.Ten
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# What the rest of the project finds here by what is present (weights.py's weight_formats): export.py's
+# `--format hf`, and model.init_from's reader of such a folder (assembly/init_weights.py).
+WEIGHT_FORMAT = "hf"
+FORMAT_HELP = "hf: a folder that transformers' AutoModelForCausalLM loads as a GPT-2 (model=gpt only)"
+
+
+def export_to(out: Path, model: nn.Module, saved: dict[str, Any], line: str) -> str:
+    """export.py --format hf: the model as a GPT-2 folder at `out`, with the tokenizer.json of a BPE run; the
+    line the export says."""
+    config, tensors = to_gpt2(model)
+    tokenizer, note = bpe_tokenizer(saved)
+    write_folder(out, config, tensors, tokenizer)
+    return f"GPT-2 of the {line}{note}"
+
+
+def bpe_tokenizer(saved: dict) -> tuple[Path | None, str]:
+    """The tokenizer.json of the token folder a BPE run trained on (data=tokens), and a note where it is not here."""
+    folder = (saved.get("task") or {}).get("vocab_from")
+    if not folder:
+        return None, ""  # bytes: ids 0-255 are the bytes themselves, no tokenizer file
+    try:
+        meta = json.loads((Path(folder) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None, f"; no tokenizer.json: the run's token folder {folder} is not here"
+    return (Path(folder) / meta.get("tokenizer_file", FILE), "") if meta.get("tokenizer") == "bpe" else (None, "")
+
+
+def takes(path: Path) -> bool:
+    """model.init_from: whether `path` is such a folder (read by read())."""
+    return is_gpt2_folder(path)
+
+
+def read(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+    """model.init_from: the folder's weights by the model's names (read_gpt2)."""
+    return read_gpt2(path, model)
 
 
 def is_gpt2_folder(path: Path) -> bool:

@@ -5,10 +5,12 @@ run kept an EMA of the weights (trainer.ema), its parameters are the average, as
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from torch import nn
 
+from ...common.registry import modules_with
 from .files import check_format_version, load_checkpoint, restore, shards_reader
 
 
@@ -32,3 +34,11 @@ def has_ema(path: Path, payload: dict[str, Any]) -> bool:
     if path.is_dir():
         return "ema" in shards_reader(path).saved_keys(path)
     return bool(payload.get("ema"))
+
+
+def weight_formats() -> dict[str, ModuleType]:
+    """The weights' formats beside the project's own, by what is present: each a module of this folder with a
+    `WEIGHT_FORMAT` name, an `export_to(out, model, saved_config, line)` for export.py's `--format`, and a
+    `takes(path)` and `read(path, model)` for model.init_from (hf.py: a Hugging Face GPT-2 folder)."""
+    found = modules_with(__package__, [str(Path(__file__).parent)], "WEIGHT_FORMAT")
+    return {module.WEIGHT_FORMAT: module for module in found if hasattr(module, "WEIGHT_FORMAT")}
