@@ -25,7 +25,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from .common.errors import ConfigError
-from .config import GenerateConfig, config_dir, let_group_keys_through
+from .config import config_dir, let_group_keys_through
+from .config.generate import GenerateConfig
 from .config.targets import locate
 from .datasets.tokenizer import Tokenizer, find, of_folder
 from .engine.assembly.components import build_model

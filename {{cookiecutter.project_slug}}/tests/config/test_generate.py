@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
-from {{cookiecutter.package_name}}.config import GenerateConfig, to_train_config
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.config.generate import GenerateConfig
 
 from ..helpers import compose_config
 

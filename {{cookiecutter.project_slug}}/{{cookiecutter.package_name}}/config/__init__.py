@@ -15,7 +15,6 @@ from .compose import (
     to_plain_dict,
     to_train_config,
 )
-from .generate import GenerateConfig
 from .schema import (
     CheckpointConfig,
     DataConfig,
@@ -41,7 +40,6 @@ __all__ = [
     "DistConfig",
     "EvalConfig",
     "FSDPConfig",
-    "GenerateConfig",
     "HSDPConfig",
     "LogConfig",
     "PredictConfig",

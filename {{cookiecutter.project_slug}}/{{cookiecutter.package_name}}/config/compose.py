@@ -6,6 +6,7 @@ for a checkpoint (to_plain_dict); an evaluation's config from its checkpoint (co
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass, replace
+from pathlib import Path
 from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
@@ -13,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..common.errors import ConfigError
 from ..common.redaction import redact
+from ..common.registry import modules_with
 from .commands import PredictConfig
-from .generate import GenerateConfig
 from .schema import DataConfig, EvalConfig, LogConfig, TrainConfig, check_optim, check_scheduler
 from .values import require_target
 
@@ -25,7 +26,9 @@ def register_configs() -> None:
     store.store(group="schema", name="train", node=TrainConfig, package="_global_")
     store.store(group="schema", name="eval", node=EvalConfig, package="_global_")
     store.store(group="schema", name="predict", node=PredictConfig, package="_global_")
-    store.store(group="schema", name="generate", node=GenerateConfig, package="_global_")
+    for module in modules_with(__package__, [str(Path(__file__).parent)], "SCHEMAS"):  # generate.py's
+        for name, node in getattr(module, "SCHEMAS", {}).items():
+            store.store(group="schema", name=name, node=node, package="_global_")
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:

@@ -27,3 +27,7 @@ class GenerateConfig(EvalConfig):
         number("temperature", self.temperature, 0)
         if self.top_k is not None:
             whole_number("top_k", self.top_k, 1)
+
+
+# The schemas this module adds, found by compose.register_configs by what is present (common/registry.py).
+SCHEMAS = {"generate": GenerateConfig}
