@@ -119,3 +119,13 @@ def test_a_node_says_once_after_10_s_that_it_waits_for_the_others_and_gives_up_a
     assert wait.overdue(60.0)
     short = NodeWait({**values, "WAIT_FOR_NODES_S": "4"})  # a limit under 10 s: said at the limit
     assert short.overdue(4.0) and "up to WAIT_FOR_NODES_S=4 s" in capsys.readouterr().out
+
+
+def test_a_child_of_a_moment_does_not_end_the_wait_children_that_stay_do() -> None:
+    """torchrun's import runs `ldconfig -p` as a child for milliseconds: a node that took it for its workers
+    stopped waiting, and a node alone then waited for ever instead of giving up at WAIT_FOR_NODES_S."""
+    wait = NodeWait({"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+                     "WAIT_FOR_NODES_S": "600"})  # fmt: skip
+    polls = [(0.0, False), (0.2, True), (0.4, False), (0.6, False)]  # a child of a moment
+    assert not any(wait.joined(children, now) for now, children in polls)
+    assert [wait.joined(True, now) for now in (1.0, 1.2, 1.8, 2.0)] == [False, False, False, True]

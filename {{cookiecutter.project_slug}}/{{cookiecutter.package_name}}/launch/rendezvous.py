@@ -58,6 +58,19 @@ class NodeWait:
     values: dict[str, str]
     done: bool = False
     told: bool = False
+    steady_s: float = 1.0  # how long torchrun's children must stay to be its workers
+    children_since: float | None = None
+
+    def joined(self, has_children: bool, now: float) -> bool:
+        """Whether torchrun has started its workers, which it does once all nodes came: children seen for
+        `steady_s` on end. A child of a moment is not a worker: torch's import in torchrun runs `ldconfig -p`
+        (ctypes' find_library), and a node alone that saw it waited for ever (seen under load)."""
+        if not has_children:
+            self.children_since = None
+            return False
+        if self.children_since is None:
+            self.children_since = now
+        return now - self.children_since >= self.steady_s
 
     def overdue(self, waited: float) -> bool:
         limit = int(self.values["WAIT_FOR_NODES_S"])

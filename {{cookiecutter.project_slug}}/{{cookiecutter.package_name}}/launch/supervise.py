@@ -59,7 +59,7 @@ class Forwarder:
                 self.stop_child()
                 return 1
             if nodes is not None and not nodes.done:
-                nodes.done = has_children(self.child.pid)  # torchrun starts workers once all nodes came
+                nodes.done = nodes.joined(has_children(self.child.pid), time.monotonic())
                 if not nodes.done and nodes.overdue(time.monotonic() - started):
                     self.stop_child()
                     raise LaunchError(nodes.give_up())
