@@ -100,6 +100,19 @@ def checkpoint_of(run_dir: Path, step: int) -> Path:
     return file if file.exists() else file.with_suffix("")
 
 
+def set_aside_after(run_dir: Path, first: int) -> tuple[Path, list[int]]:
+    """A killed run as its own reference: its checkpoints after step `first` moved to <run dir>_aside/, so
+    that a relaunch resumes from `first` and must save them again bit for bit (assert_bit_identical with the
+    aside folder); the aside folder and those steps."""
+    aside = run_dir.parent / f"{run_dir.name}_aside"
+    (aside / "checkpoints").mkdir(parents=True)
+    redone = [step for step in steps_saved(run_dir) if step > first]
+    for step in redone:
+        path = checkpoint_of(run_dir, step)
+        path.rename(aside / "checkpoints" / path.name)
+    return aside, redone
+
+
 def read_checkpoint(path: Path) -> dict:
     """A checkpoint as one dict of whole tensors: a ddp file as saved; a folder of shards (fsdp)
     read whole, its optimizer state keyed by parameter name."""

@@ -30,6 +30,7 @@ from .jobs import (
     finish,
     read_checkpoint,
     read_metrics,
+    set_aside_after,
     start,
     steps_saved,
     wait_for,
@@ -64,11 +65,7 @@ def reference(tmp_path_factory) -> Path:
     os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
     code, output = finish(proc)
     assert code != 0 and max(steps_saved(run_dir)) < LAST_STEP, output[-3000:]
-    aside = run_dir.parent / "aside"
-    (aside / "checkpoints").mkdir(parents=True)
-    redone = [step for step in steps_saved(run_dir) if step > 10]
-    for step in redone:
-        checkpoint_of(run_dir, step).rename(aside / "checkpoints" / checkpoint_of(run_dir, step).name)
+    aside, redone = set_aside_after(run_dir, 10)
     code, output = finish(start(run_dir, 2, *LM))
     assert code == 0 and "resumed from" in output and "step_00000010.pt" in output, output[-3000:]
     for step in redone:

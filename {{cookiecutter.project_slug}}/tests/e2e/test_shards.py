@@ -21,7 +21,7 @@ import pytest
 from {{cookiecutter.package_name}}.datasets.prepare import main as prepare
 
 from ..helpers import write_image_tree
-from .jobs import assert_bit_identical, finish, samples_per_epoch, start, steps_saved, wait_for
+from .jobs import assert_bit_identical, finish, samples_per_epoch, set_aside_after, start, steps_saved, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +47,7 @@ def killed_and_resumed_on_an_empty_cache(run_dir: Path, cache: Path, job: list[s
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    aside = run_dir.parent / f"{run_dir.name}_aside"
-    (aside / "checkpoints").mkdir(parents=True)
-    redone = [step for step in steps_saved(run_dir) if step > 3]
-    for step in redone:
-        path = run_dir / "checkpoints" / f"step_{step:08d}.pt"
-        path.rename(aside / "checkpoints" / path.name)
+    aside, redone = set_aside_after(run_dir, 3)
     assert cache.is_dir() and any(cache.rglob("*.pt")), "the first launch cached shards"
     shutil.rmtree(cache)
     code, output = finish(start(run_dir, 2, *job))

@@ -139,16 +139,6 @@ def bpe_tokenizer(saved: dict) -> tuple[Path | None, str]:
     return (Path(folder) / meta.get("tokenizer_file", FILE), "") if meta.get("tokenizer") == "bpe" else (None, "")
 
 
-def takes(path: Path) -> bool:
-    """model.init_from: whether `path` is such a folder (read by read())."""
-    return is_gpt2_folder(path)
-
-
-def read(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
-    """model.init_from: the folder's weights by the model's names (read_gpt2)."""
-    return read_gpt2(path, model)
-
-
 def is_gpt2_folder(path: Path) -> bool:
     """A folder Hugging Face wrote (save_pretrained): its config.json beside the weights."""
     return path.is_dir() and (path / CONFIG).is_file()
@@ -227,3 +217,8 @@ def from_gpt2(tensors: dict[str, torch.Tensor], config: dict, layers: int, where
         raise ConfigError(f"{where}: its weights lack {', '.join(missing[:4])}: not a whole GPT-2")
     return {ours: (tensors[theirs].t() if conv1d else tensors[theirs]).contiguous().clone()
             for ours, theirs, conv1d in names(layers)}  # fmt: skip
+
+
+# model.init_from's side of the format (weights.py's weight_formats): whether a path is such a folder, and its
+# weights by the model's names.
+takes, read = is_gpt2_folder, read_gpt2
