@@ -23,7 +23,6 @@ from .jobs import (
     assert_bit_identical,
     finish,
     read_metrics,
-    samples_per_epoch,
     start,
     steps_saved,
     wait_for,
@@ -153,33 +152,6 @@ def test_atomic_write_survives_sigkill_at_random_moments(tmp_path: Path) -> None
         writers.communicate()
 
 
-def test_resume_on_other_world_sizes_sees_every_sample_once(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    job = [
-        *JOB,
-        "data.image_size=32",  # steps slow enough that SIGTERM lands within the epoch of 11 steps on 3 ranks
-        "trainer.epochs=1",
-        "data.train_size=1000",
-        "trainer.record_samples=true",
-        "checkpoint.every_n_steps=0",
-    ]
-    for nproc, stop_after in ((3, 4), (2, None)):  # up from 2 to 3: tests/engine/test_trainer.py (fsdp)
-        proc = start(run_dir, nproc, *job)
-        if stop_after is not None:
-            wait_for(
-                lambda s=stop_after: (
-                    (run_dir / "metrics.jsonl").exists() and any(r["step"] >= s for r in read_metrics(run_dir))
-                ),
-                f"step {stop_after}",
-            )
-            os.killpg(proc.pid, signal.SIGTERM)  # like a scheduler: torchrun gets SIGTERM and passes it on
-        code, output = finish(proc)  # 143, 128 + SIGTERM: a batch script requeues on it
-        assert ("stopped by SIGTERM" in output and code == 143) if stop_after else code == 0, output[-3000:]
-    seen = samples_per_epoch(run_dir)
-    assert sorted(seen[0]) == list(range(1000)), "each sample of the epoch exactly once"
-    assert re.search(r"saved by 3 processes, now 2", (run_dir / "logs" / "rank_0.log").read_text())
-
-
 # A relaunch whose overrides its checkpoint cannot take (another model width, data set, a finished run), refused
 # in one line before torchrun, the checkpoints untouched: tests/engine/assembly/test_checks.py and
 # tests/config/test_compatibility.py, in-process; the pre-flight check's refusals through the launch script,
@@ -239,11 +211,15 @@ def newest_record(run_dir: Path) -> int:
         return 0
 
 
-# Ctrl-C to the whole group, a hangup (a closed terminal), SIGTERM to torchrun itself (what some
-# schedulers signal); SIGKILL of torchrun or of the launch script. SIGTERM to the whole group (a
-# scheduler's): test_resume_on_other_world_sizes_sees_every_sample_once.
-STOPS = [("group", signal.SIGINT, 130), ("group", signal.SIGHUP, 129), ("agent", signal.SIGTERM, 143),
-         ("agent", signal.SIGKILL, None), ("launcher", signal.SIGKILL, None)]  # fmt: skip
+# Ctrl-C to the whole group; SIGTERM to the whole group (a scheduler's), and to torchrun itself (what some
+# schedulers signal); SIGKILL of the launch script, which the kernel passes on to torchrun and from it to the
+# workers (PR_SET_PDEATHSIG): SIGKILL of torchrun itself is that chain's second link. A hangup (a closed terminal)
+# takes the group signal's path: the launcher forwards it (tests/launch/test_supervise.py), the ranks agree on it
+# (tests/engine/test_preemption.py), exit code 129 (tests/launch/test_job.py). Resumed on other world sizes, each
+# sample once: tests/config/test_batches.py in-process, and through torchrun the elastic and recipe jobs
+# (test_multinode.py, test_recipe.py: "saved by 2 processes, now 1").
+STOPS = [("group", signal.SIGINT, 130), ("group", signal.SIGTERM, 143), ("agent", signal.SIGTERM, 143),
+         ("launcher", signal.SIGKILL, None)]  # fmt: skip
 
 
 def test_one_run_stopped_by_each_signal_and_kill_resumes_each_time_and_ends_bit_identical(
