@@ -189,7 +189,12 @@ def test_pip_install_gives_a_working_package_with_its_configs(tmp_path: Path) ->
     env = {"PYTHONPATH": str(target)}
     shown = run([str(target / "bin" / f"{package}-train"), "--cfg", "job"], cwd=elsewhere, env=env)
     assert "_target_:" in shown.stdout
+    # No run dir given: torchrun's agent's run id names one for the job, the same on both ranks (as under
+    # torch.distributed.launch, whose --local-rank argument tests/test_train.py passes in-process).
     trained = run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                   f"{package}.train", f"hydra.run.dir={elsewhere / 'run'}", *JOB], cwd=elsewhere, env=env)  # fmt: skip
+                   f"{package}.train", *JOB], cwd=elsewhere, env=env)  # fmt: skip
     assert "final: val_loss=" in last_line(trained.stderr)
+    run_dirs = list((elsewhere / "outputs").iterdir())
+    assert len(run_dirs) == 1 and run_dirs[0].name.startswith("torchrun_"), run_dirs
+    assert {path.name for path in (run_dirs[0] / "logs").iterdir()} == {"rank_0.log", "rank_1.log"}
     assert sys.modules[package].__file__.startswith(str(PROJECT_DIR)), "the tests themselves use the source tree"

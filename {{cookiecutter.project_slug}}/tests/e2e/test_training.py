@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import PROJECT_DIR, PYTHON, SMALL, run
+from ..helpers import PYTHON, SMALL, run
 from .jobs import last_line, read_metrics, torchrun
 
 pytestmark = pytest.mark.slow
@@ -118,17 +118,8 @@ def test_plot_script_draws_the_run(trained_run) -> None:
     )
 
 
-def test_one_run_dir_per_job_without_any_run_dir_given_also_from_the_legacy_launcher(tmp_path) -> None:
-    """torch.distributed.launch passes --local-rank and starts its workers through torchrun's agent, as
-    torchrun does: one job, both ranks in one run dir of the default name (the run dirs agree by the
-    agent's run id, the same for both launchers)."""
-    cmd = [PYTHON, "-m", "torch.distributed.launch", "--nproc-per-node=2", str(PROJECT_DIR / "train.py"), *SMALL,
-           "trainer.epochs=1", "data.train_size=256"]  # fmt: skip
-    run(cmd, cwd=tmp_path)
-    run_dirs = list((tmp_path / "outputs").iterdir())
-    assert len(run_dirs) == 1 and run_dirs[0].name.startswith("torchrun_"), run_dirs
-    assert {p.name for p in (run_dirs[0] / "logs").iterdir()} == {"rank_0.log", "rank_1.log"}
-    assert any(r["kind"] == "val" for r in read_metrics(run_dirs[0]))
+# One run dir per job without any run dir given (the agent's run id names it, on every rank): test_launch.py's
+# installed package under plain torchrun; torch.distributed.launch's --local-rank argument: tests/test_train.py.
 
 
 def test_plain_python_runs_as_a_world_of_one(tmp_path) -> None:
