@@ -62,7 +62,7 @@ def export(checkpoint: Path, out: Path, trust: bool = False, form: str = "plain"
 
 
 def safetensors_writer(metadata: dict[str, str]) -> Callable[[dict[str, torch.Tensor], BinaryIO], None]:
-    """The weights as a safetensors file. Tied tensors (the GPT's embedding and head) are written once
+    """The weights as a safetensors file. Tied tensors (an embedding and a head that share weights) are written once
     each, as copies: safetensors keeps no shared storage, and load_state_dict ties them again."""
     from safetensors.torch import save
 

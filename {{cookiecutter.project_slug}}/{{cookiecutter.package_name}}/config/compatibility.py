@@ -14,7 +14,7 @@ promise, and are refused in one line that names the keys and says how to go on:
   batch_size, global_batch_size, micro_batch_size, num_workers and on_device): mid-epoch, samples would be
   repeated or never seen. A resume counts the samples of the epoch done, not the steps, so it may batch them
   otherwise; and with data.global_batch_size set, the world size changes neither the steps nor their samples. Data
-  prepared again under the same `data.root` (data=tokens, data=shards) is such a change too: a
+  prepared again under the same `data.root` (data=shards) is such a change too: a
   checkpoint records the data's id (engine/assembly/compatibility.py's SamePreparedData).
 `checkpoint.allow_changes` lists the keys (or a prefix of them, `data`) a user accepts changing
 anyway. Every other change (more epochs, the learning rate, precision, the strategy, logging) is

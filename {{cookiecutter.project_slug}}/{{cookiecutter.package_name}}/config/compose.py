@@ -26,7 +26,7 @@ def register_configs() -> None:
     store.store(group="schema", name="train", node=TrainConfig, package="_global_")
     store.store(group="schema", name="eval", node=EvalConfig, package="_global_")
     store.store(group="schema", name="predict", node=PredictConfig, package="_global_")
-    for module in modules_with(__package__, [str(Path(__file__).parent)], "SCHEMAS"):  # generate.py's
+    for module in modules_with(__package__, [str(Path(__file__).parent)], "SCHEMAS"):  # other commands' schemas
         for name, node in getattr(module, "SCHEMAS", {}).items():
             store.store(group="schema", name=name, node=node, package="_global_")
 

@@ -3,10 +3,8 @@
 Items are `(input, target)`. A user's own data set is a function like these in a file of their
 own (see the README, "Your own model and data"); the loaders, the resumable sampler and exact
 evaluation work for any map-style pair. One module per kind, each with its `BUILDABLE` tuple, found by
-what is present: images.py (synthetic, cifar10, image_folder), corpus.py (a text corpus read into memory),
-tokens.py (the same corpus prepared into token files that training memory-maps); prepare.py, the command
-that writes such files. collate.py: pad_sequences, a `data.collate` for inputs of different lengths;
-pad_windows, for a language model's windows of different lengths.
+what is present (images.py: synthetic, cifar10, image_folder); prepare.py, the command that prepares a
+data set into files. collate.py: `data.collate` functions, for inputs of different lengths.
 
 `datasets.<name>` is any public function or class of those modules (`datasets.synthetic_images`, the name
 the configs give): nothing here imports a kind by name, so a project made without one lacks only its file.

@@ -117,7 +117,7 @@ def summed(value: Any, samples: int) -> torch.Tensor:
 
 def summarised(task: Task, means: dict[str, float]) -> dict[str, float]:
     """The figures: the task's `summarise(means)` where it has one (a ratio of two sums over the whole set,
-    as LanguageModel's bits per byte of a BPE), else the means of its per-sample values."""
+    as bits per byte are, from the loss and the bytes per token), else the means of its per-sample values."""
     summarise = getattr(task, "summarise", None)
     return summarise(means) if callable(summarise) else means
 

@@ -215,7 +215,7 @@ class Trainer:
         seen = []  # the step's samples, on the host: named where the step turns out non-finite (nonfinite.py)
         for number, batch in enumerate(step.micro_batches, 1):
             seen.append((batch.indices, batch.weights))
-            if self.throughput.tokens_per_sample is None:  # once: the language model's sequence length
+            if self.throughput.tokens_per_sample is None:  # once: a sequence's tokens, where the task counts them
                 self.throughput.count_tokens(self.task, batch.targets, self.model)
             interval.loss_sum += self.runner.micro_step(
                 batch.inputs, batch.targets, batch.weights, step.real_samples, sync=number == step.count

@@ -69,7 +69,7 @@ def default_processes(mode: str, gpus: int) -> int:
 def cpu_threads(nproc: int, gpus: int) -> int:
     """Threads per process. On CPUs the cores are split among the processes: one process with a
     thread per core multiplies a small model's matrices faster than processes of one thread each,
-    which also pay for the all-reduce (docs/language_model.md#measured). With GPUs, one: the
+    which also pay for the all-reduce (docs/launching.md). With GPUs, one: the
     GPUs compute, and the cores are the data loaders'."""
     return 1 if gpus else max(1, cpu_cores() // nproc)
 

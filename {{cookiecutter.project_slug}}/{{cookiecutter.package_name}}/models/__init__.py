@@ -1,5 +1,5 @@
-"""The project's own models: a small CNN for quick image runs, and the modules beside this one (gpt.py: a
-small GPT over bytes), each with its `BUILDABLE` tuple, found by what is present.
+"""The project's own models: a small CNN for quick image runs, and those of the modules beside this one,
+each with its `BUILDABLE` tuple, found by what is present.
 
 Any other model is a `configs/model/*.yaml` file whose `_target_` returns an nn.Module
 (torchvision's by `_target_: torchvision.models.resnet18`, a user's own by its import path).
@@ -73,6 +73,6 @@ BUILDABLE = (SmallCNN, MixtureOfExperts, *buildable_beside(__name__, __path__))
 
 
 def __getattr__(name: str) -> Any:
-    """`models.GPT`, `models.Block`: the names configs, saved checkpoints and imports give what a module
-    beside this one defines."""
+    """`models.<Name>`: the name configs, saved checkpoints and imports give what a module beside this one
+    defines."""
     return defined_beside(__name__, __path__, name)

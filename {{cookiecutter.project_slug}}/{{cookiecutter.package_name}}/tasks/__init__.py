@@ -14,7 +14,7 @@ A task is any object with two methods, chosen by `task._target_`:
   figures equal a one-process evaluation's at any world size. They are reported as `val_<name>`; the
   first one (by convention `loss`) is the validation loss.
 - optionally `summarise(means)`: the figures reported, from those means (a ratio of two sums over the
-  whole set: the language model's bits per byte of a BPE); without it, the means are the figures.
+  whole set: bits per byte, from the loss and the bytes per token); without it, the means are the figures.
 - optionally, metrics of the whole set at once (AUROC, macro-F1, a confusion matrix): `epoch_outputs` (per
   sample, gathered in sample order) and/or `epoch_sums` (counts, summed exactly) of (outputs, targets), which
   `epoch_metrics(epoch)` turns into figures and tables (engine/evaluate.py; docs/tasks.md, "Over the whole set").
@@ -241,7 +241,7 @@ def predicted(logits: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
 
 # What a checkpoint's config may build (engine/checkpoint/trust.py): a task of yours here, named by no config
 # file, is added to it (or a module of yours beside this one, with a BUILDABLE of its own); anything of the
-# package not listed is refused. language_model.py's LanguageModel is found there, by what is present.
+# package not listed is refused. The tasks of the modules beside this one are found there, by what is present.
 BUILDABLE = (Classification, InfoNCE, ClassificationWithAux, *buildable_beside(__name__, __path__))
 
 

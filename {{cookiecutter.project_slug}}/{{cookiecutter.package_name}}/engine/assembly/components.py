@@ -66,13 +66,13 @@ def build_task(config: Mapping[str, Any]) -> Any:
     return task
 
 
-# What the project's task configs offer the task beside its own arguments (task=language_model's token folder).
+# What the project's task configs offer the task beside its own arguments (a prepared data set's folder).
 OFFERED = ("vocab_from",)
 
 
 def offered_only(config: Mapping[str, Any]) -> dict[str, Any]:
     """The task's node without the offered keys its callable does not take: a task of your own under
-    task=language_model is built as it was before the offer."""
+    a project's task config is built as it was before the offer."""
     node = dict(config)
     offered = [key for key in OFFERED if key in node]
     if not offered:

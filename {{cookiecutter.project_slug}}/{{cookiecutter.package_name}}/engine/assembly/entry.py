@@ -190,10 +190,10 @@ def run_train(cfg: DictConfig) -> None:
 def checkpoint_config(
     cfg: DictConfig, config_name: str, components: bool = True
 ) -> tuple[Path, dict[str, Any], TrainConfig]:
-    """What eval.py, predict.py and generate.py start from: the checkpoint `ckpt_path` names (`best`:
-    keep_best's), its saved config checked by the trust rule before anything is built, then composed with
+    """What eval.py, predict.py and the other commands on a checkpoint start from: the checkpoint `ckpt_path`
+    names (`best`: keep_best's), its saved config checked by the trust rule before anything is built, then composed with
     the user's overrides on the command's own yaml (`config_name`) and, with `components`, checked whole,
-    the data set's paths included (generate reads no data set)."""
+    the data set's paths included (a command that reads no data set: without `components`)."""
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise ConfigError("ckpt_path is required: give ckpt_path=<run>/checkpoints/step_<N>.pt (or step_<N>/, best)")
     path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))

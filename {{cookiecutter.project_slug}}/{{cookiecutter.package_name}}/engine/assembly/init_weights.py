@@ -2,8 +2,8 @@
 
 The file is another run's checkpoint (`step_<N>.pt`, or a folder of shards `step_<N>/`), an export
 (export.py, `.pt` or `.safetensors`), any safetensors file, a plain state_dict such as
-torchvision's (`{"state_dict": ...}` and DDP's `module.` prefix are unwrapped), or a Hugging Face GPT-2's
-folder (config.json and model.safetensors, into the GPT: checkpoint/hf.py). Weights only: the
+torchvision's (`{"state_dict": ...}` and DDP's `module.` prefix are unwrapped), or a folder of another
+library's format that a module of checkpoint/ reads (checkpoint/weights.py). Weights only: the
 optimizer, the schedule and the data position start afresh. Rank 0 reads it and the others receive
 it through the process group (no shared file system needed), before the strategy spreads the model.
 A tensor whose shape differs (a new head) keeps its fresh initialisation; those, and the names on
@@ -36,10 +36,10 @@ SHOWN = 4  # names per kind in the one line
 def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None) -> dict[str, torch.Tensor]:
     """The model weights a file or a folder of shards holds, as whole CPU tensors. A run's checkpoint
     whose config names code outside the project is refused unless `trust` (checkpoint/trust.py). A
-    Hugging Face folder's config.json is checked against `model` (a GPT-2's sizes must be the GPT's)."""
+    folder of another format is checked against `model` by the module that reads it."""
     if not path.exists():
         raise ConfigError(f"model.init_from={path}: no such file or folder; give a weights file or a run's checkpoint")
-    for form in weight_formats().values() if model is not None else ():  # another format's folder (hf.py's)
+    for form in weight_formats().values() if model is not None else ():  # another format's folder
         if form.takes(path):
             return form.read(path, model)
     if path.is_dir():

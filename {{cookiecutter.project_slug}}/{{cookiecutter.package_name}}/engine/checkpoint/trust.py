@@ -7,7 +7,7 @@ eviction) as much as one imported from wherever Python finds it (a folder shippe
 So before anything is built, every `_target_` of a saved config must be on the allowlist:
 - a `_target_` that one of this project's config files names (configs/**/*.yaml, the user's own files too);
 - what the package registers as buildable, on purpose: the `BUILDABLE` tuple of models/ and tasks/ (each
-  package's __init__.py with those of the modules beside it: models/gpt.py, tasks/language_model.py),
+  package's __init__.py with those of the modules beside it, found by what is present),
   datasets/__init__.py, datasets/collate.py and callbacks.py (a model of your own in models/: add it
   there, or name it in a config file); anything else of the package is refused, a function added
   tomorrow too, until it is registered;

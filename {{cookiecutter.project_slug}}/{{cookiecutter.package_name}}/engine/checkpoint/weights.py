@@ -39,6 +39,6 @@ def has_ema(path: Path, payload: dict[str, Any]) -> bool:
 def weight_formats() -> dict[str, ModuleType]:
     """The weights' formats beside the project's own, by what is present: each a module of this folder with a
     `WEIGHT_FORMAT` name, an `export_to(out, model, saved_config, line)` for export.py's `--format`, and a
-    `takes(path)` and `read(path, model)` for model.init_from (hf.py: a Hugging Face GPT-2 folder)."""
+    `takes(path)` and `read(path, model)` for model.init_from (another library's folder of weights)."""
     found = modules_with(__package__, [str(Path(__file__).parent)], "WEIGHT_FORMAT")
     return {module.WEIGHT_FORMAT: module for module in found if hasattr(module, "WEIGHT_FORMAT")}
