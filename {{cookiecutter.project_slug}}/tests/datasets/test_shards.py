@@ -1,5 +1,5 @@
-"""datasets/shards.py: an image folder or a corpus written as shards (to a folder or a store), read back as
-the items data=image_folder and data=text give, through a bounded cache for a store."""
+"""datasets/shards.py: an image folder written as shards (to a folder or a store), read back as the items
+data=image_folder gives, through a bounded cache for a store. Another kind of shards: its own test file."""
 
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ import torch
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.datasets import image_folder, sharded
 from {{cookiecutter.package_name}}.datasets.prepare import main as prepare
-from {{cookiecutter.package_name}}.datasets.shards import text_splits, write_shards
+from {{cookiecutter.package_name}}.datasets.shards import image_splits, write_shards
 from {{cookiecutter.package_name}}.engine.data.sampler import ResumableDistributedSampler
 
 from ..helpers import cpu_env, write_image_tree
 
 
-def corpus(root: Path) -> Path:
-    root.mkdir()
-    for number in range(3):  # file 0 is validation (--val-every 3), as data=text splits
-        (root / f"{number}.txt").write_bytes(bytes(range(number * 50, number * 50 + 90)) * 3)
-    return root
+def images(root: Path) -> Path:
+    """An image folder of 3 classes, 12 training and 3 validation images each."""
+    return write_image_tree(root, 3, 12, 3, (12, 10))
 
 
 def test_an_image_folder_becomes_shards_of_the_items_image_folder_gives(tmp_path: Path) -> None:
@@ -65,29 +63,8 @@ def test_an_image_that_does_not_read_is_named_in_one_line(tmp_path: Path, capsys
     assert not (tmp_path / "shards" / "index.json").exists()
 
 
-def test_a_corpus_becomes_windows_that_hold_every_byte_of_each_split(tmp_path: Path) -> None:
-    source, out = corpus(tmp_path / "corpus"), tmp_path / "shards"
-    args = ["shards", str(source), str(out), "--kind", "text", "--samples-per-shard", "7", "--seq-len", "16",
-            "--val-every", "3"]  # fmt: skip
-    assert prepare(args) == 0
-    train, val = sharded(str(out), block_size=16)
-    for split, files in ((train, [1, 2]), (val, [0])):
-        stream = b"".join((source / f"{number}.txt").read_bytes() for number in files)
-        items = [split[index] for index in range(len(split))]
-        assert all(x.dtype == torch.long and x.shape == (16,) and torch.equal(x[1:], y[:-1]) for x, y in items)
-        starts = sorted(bytes(torch.cat([x, y[-1:]]).tolist()) for x, y in items)
-        assert starts == sorted(stream[begin : begin + 17] for begin in range(0, len(stream) - 16, 16))
-    assert prepare(["tokens", str(source), str(source / "tokens")]) == 0  # prepared data inside the corpus
-    assert prepare([*args[:2], str(source / "again"), *args[3:]]) == 0
-    again, _ = sharded(str(source / "again"))
-    assert again.shard_sizes == train.shard_sizes, "neither the token folder nor OUT read as text"
-    with pytest.raises(ConfigError, match="windows of 16 bytes, data.block_size=64"):
-        sharded(str(out), block_size=64)
-    assert prepare(["shards", str(tmp_path / "nowhere"), str(tmp_path / "other"), "--kind", "text"]) == 2
-
-
 def test_a_data_set_whose_writing_stopped_has_no_index_and_is_refused(tmp_path: Path) -> None:
-    splits, meta = text_splits(str(corpus(tmp_path / "corpus")), seq_len=16, val_every=3)
+    splits, meta = image_splits(str(images(tmp_path / "images")), image_size=8)
     count, gather = splits["train"]
 
     def fails_at_the_second_shard(indices: torch.Tensor) -> dict:
@@ -98,7 +75,7 @@ def test_a_data_set_whose_writing_stopped_has_no_index_and_is_refused(tmp_path: 
 
     fails_at_the_second_shard.calls = 0
     with pytest.raises(OSError, match="disk full"):
-        write_shards(str(tmp_path / "out"), "text", {"train": (count, fails_at_the_second_shard)}, 5, 0, **meta)
+        write_shards(str(tmp_path / "out"), "images", {"train": (count, fails_at_the_second_shard)}, 5, 0, **meta)
     assert [path.name for path in (tmp_path / "out").iterdir()] == ["train-00000.pt"], "the index comes last"
     with pytest.raises(ConfigError, match=r"holds no index.json: prepare it first with `python -m .*prepare shards"):
         sharded(str(tmp_path / "out"))
@@ -106,9 +83,9 @@ def test_a_data_set_whose_writing_stopped_has_no_index_and_is_refused(tmp_path: 
 
 @pytest.mark.slow
 def test_shards_in_a_store_stream_through_a_bounded_cache(tmp_path: Path, s3_server) -> None:
-    source = corpus(tmp_path / "corpus")
-    url = s3_server.bucket() + "/data/text"
-    common = ["--kind", "text", "--samples-per-shard", "9", "--seq-len", "16", "--val-every", "3"]
+    source = images(tmp_path / "images")
+    url = s3_server.bucket() + "/data/images"
+    common = ["--kind", "images", "--samples-per-shard", "9", "--image-size", "8"]
     assert prepare(["shards", str(source), url, *common]) == 0
     assert prepare(["shards", str(source), str(tmp_path / "local"), *common]) == 0
     index = json.loads((tmp_path / "local" / "index.json").read_text())
@@ -120,7 +97,7 @@ def test_shards_in_a_store_stream_through_a_bounded_cache(tmp_path: Path, s3_ser
     most = 0
     for index, _, _ in sampler:  # the order a rank reads: a shard (a window of one) at a time
         x, y = train[index]
-        assert torch.equal(x, local[index][0]) and torch.equal(y, local[index][1])
+        assert torch.equal(x, local[index][0]) and y == local[index][1]
         most = max(most, train.cache.size())
     assert len(train.shard_sizes) == 4 and most <= train.cache.limit_bytes + shard_bytes, "over it only by one in use"
 
@@ -128,9 +105,9 @@ def test_shards_in_a_store_stream_through_a_bounded_cache(tmp_path: Path, s3_ser
 def test_a_cache_too_small_for_a_window_is_refused_and_a_forked_worker_lets_go_of_its_parents_shards(
     tmp_path: Path,
 ) -> None:
-    url = "memory://shards-test/text"  # a store in this process (fsspec's), read as s3:// is
-    args = ["--kind", "text", "--samples-per-shard", "9", "--seq-len", "16", "--val-every", "3"]
-    assert prepare(["shards", str(corpus(tmp_path / "corpus")), url, *args]) == 0
+    url = "memory://shards-test/images"  # a store in this process (fsspec's), read as s3:// is
+    args = ["--kind", "images", "--samples-per-shard", "9", "--image-size", "8"]
+    assert prepare(["shards", str(images(tmp_path / "images")), url, *args]) == 0
     with pytest.raises(ConfigError, match="data.cache_limit_gb=5e-06 holds fewer than data.shard_window=4 shards"):
         sharded(url, cache_limit_gb=5e-6)
     train, _ = sharded(url, str(tmp_path), cache_limit_gb=5e-6, shard_window=1)

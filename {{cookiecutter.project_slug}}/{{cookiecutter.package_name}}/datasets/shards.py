@@ -1,14 +1,14 @@
 """Data in shards, read from a local folder or an object store (s3://), docs/data_at_scale.md.
 
-Prepared once (`python -m <package>.datasets.prepare shards SOURCE OUT`, prepare.py): an image folder
-(as `image_folder` reads it) or a text corpus (as `text` reads it) into OUT/train-NNNNN.pt and
-OUT/val-NNNNN.pt, a fixed number of samples each, shuffled once as they are written, then OUT/index.json,
-written last: a data set whose index is there is whole. A shard is one torch.save of tensors only
-(loaded with weights_only=True): images as uint8 (N, 3, S, S) and labels, or text as windows of
-seq_len + 1 bytes, overlapping by one, so that the windows of a split together hold each of its bytes.
+Prepared once (`python -m <package>.datasets.prepare shards SOURCE OUT --kind KIND`, prepare.py): an image
+folder (as `image_folder` reads it), or what another kind prepares (a module beside this one with a
+`SHARD_KIND`, found by what is present), into OUT/train-NNNNN.pt and OUT/val-NNNNN.pt, a fixed number of
+samples each, shuffled once as they are written, then OUT/index.json, written last: a data set whose index
+is there is whole. A shard is one torch.save of tensors only (loaded with weights_only=True): images as
+uint8 (N, 3, S, S) and labels.
 
-Training (`data=shards`) reads the items image_folder's and text's are: normalised float images and
-integer labels; (bytes, the same shifted by one) as int64. A set is map-style: item i is found through
+Training (`data=shards`) reads the items the kind's own data set gives (images: normalised float images
+and integer labels, as image_folder's). A set is map-style: item i is found through
 the index, its shard loaded (memory-mapped) from the folder or, for a store, from the node's cache
 (shard_cache.py). Its `shard_sizes` make the sampler's order shard-aware (engine/data/sampler.py); its
 `prepared` (the index's id) is what a checkpoint records of the data (engine/assembly/compatibility.py).
@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..common.errors import ConfigError, first_line, say
+from ..common.registry import modules_with
 from ..common.storage import check_reachable, filesystem, is_remote
 from .images import check_image_tree, normalise
 from .shard_cache import ShardCache, cache_folder
@@ -38,9 +39,9 @@ from .shard_cache import ShardCache, cache_folder
 FORMAT = 1
 INDEX = "index.json"
 SPLITS = ("train", "val")
-KINDS = ("images", "text")
+Splits = tuple[dict[str, tuple[int, Any]], dict[str, Any]]  # each split's (count, gather), the index's own keys
 PREPARE_COMMAND = f"python -m {__package__}.prepare shards"
-PREPARE_HELP = "an image folder or a text corpus into shards, to a folder or s3://"  # prepare --help
+PREPARE_HELP = "a data set (--kind) into shards, to a folder or s3://"  # prepare --help
 
 
 # --- preparing: samples into shards, the index last
@@ -70,7 +71,7 @@ def write_shards(out: str, kind: str, splits: dict[str, tuple[int, Any]], sample
     return index
 
 
-def image_splits(source: str, image_size: int) -> tuple[dict[str, tuple[int, Any]], dict[str, Any]]:
+def image_splits(source: str, image_size: int) -> Splits:
     """The splits of an image folder (SOURCE/train/<class>/*, SOURCE/val/<class>/*) as uint8 images
     resized as image_folder resizes them, and the index's own keys (the classes, the size)."""
     from torchvision import datasets, transforms
@@ -104,58 +105,71 @@ def read_image(images: Any, index: int) -> tuple[torch.Tensor, int]:
                           "remove it, then prepare again") from None  # fmt: skip
 
 
-def text_splits(source: str | None, seq_len: int, val_every: int,
-                exclude: tuple[Path, ...] = ()) -> tuple[dict[str, tuple[int, Any]], dict[str, Any]]:  # fmt: skip
-    """The splits of a corpus, split by file as `text` splits it (the folders `exclude` names and other
-    prepared data left out), as windows of seq_len + 1 bytes that start every seq_len bytes."""
-    from .corpus import text_files
+class ImageShards:
+    """`--kind images`: an image folder into uint8 images and labels, read back as image_folder's items.
+    Another kind is a class like this one in a module beside this one, named by its `SHARD_KIND`."""
 
-    files = text_files(source, exclude)
-    if len(files) < 2:
-        raise ConfigError(f"corpus {source}: found {len(files)} file(s); a text corpus needs at least 2")
-    streams: tuple[bytearray, bytearray] = (bytearray(), bytearray())
-    for number, path in enumerate(files):
-        streams[number % val_every == 0].extend(path.read_bytes())
-    splits = {}
-    for split, stream in zip(SPLITS, streams, strict=True):
-        data = torch.frombuffer(stream, dtype=torch.uint8) if stream else torch.zeros(0, dtype=torch.uint8)
-        if len(data) < seq_len + 1:
-            raise ConfigError(f"corpus {source}: the {split} split holds {len(data)} bytes, fewer than --seq-len + 1")
-        windows = data.unfold(0, seq_len + 1, seq_len)
-        splits[split] = (len(windows), lambda indices, windows=windows: {"tokens": windows[indices].contiguous()})
-    return splits, {"seq_len": seq_len}
+    name = "images"
+    source = "images: a folder of train/<class>/ and val/<class>/"
+    sizes = ("num_classes",)  # the data set's settings that must agree with what was prepared
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--image-size", type=int, default=32, help="images: resized to this size squared")
+
+    @staticmethod
+    def least(args: argparse.Namespace) -> tuple[tuple[str, int, int], ...]:
+        return (("--image-size", args.image_size, 8),)
+
+    @staticmethod
+    def splits(args: argparse.Namespace, exclude: tuple[Path, ...]) -> Splits:
+        if not Path(args.source).is_dir():
+            raise ConfigError(f"SOURCE {args.source} is not a folder: give one with train/<class>/ and val/<class>/")
+        return image_splits(args.source, args.image_size)
+
+    @staticmethod
+    def item(tensors: dict[str, torch.Tensor], row: int) -> tuple[torch.Tensor, Any]:
+        return normalise(tensors["images"][row]), int(tensors["labels"][row])
+
+    @staticmethod
+    def check(root: str, index: dict[str, Any], sizes: dict[str, int]) -> None:
+        num_classes = sizes.get("num_classes", 0)
+        if num_classes and num_classes != len(index["classes"]):
+            raise ConfigError(f"data.root={root} holds {len(index['classes'])} classes, data.num_classes={num_classes}"
+                              ": make them agree")  # fmt: skip
+
+
+def shard_kinds() -> dict[str, Any]:
+    """The kinds this project prepares and reads, by name: images, and each module beside this one's
+    `SHARD_KIND`, by what is present."""
+    found = modules_with(__package__, [str(Path(__file__).parent)], "SHARD_KIND")
+    return {kind.name: kind for kind in (ImageShards, *(module.SHARD_KIND for module in found
+                                                          if hasattr(module, "SHARD_KIND")))}  # fmt: skip
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
     """`prepare shards`'s arguments (prepare.py)."""
-    parser.add_argument("source", metavar="SOURCE", help="images: a folder of train/<class>/ and val/<class>/; "
-                        "text: a folder, a quoted glob pattern, or 'stdlib' (the Python standard library)")  # fmt: skip
+    kinds = shard_kinds()
+    parser.add_argument("source", metavar="SOURCE", help="; ".join(kind.source for kind in kinds.values()))
     parser.add_argument("out", metavar="OUT", help="the folder or store to write (s3://bucket/prefix)")
-    parser.add_argument("--kind", choices=KINDS, required=True, help="what SOURCE holds")
+    parser.add_argument("--kind", choices=list(kinds), required=True, help="what SOURCE holds")
     parser.add_argument("--samples-per-shard", type=int, default=1024, help="samples in each shard file")
-    parser.add_argument("--image-size", type=int, default=32, help="images: resized to this size squared")
-    parser.add_argument("--seq-len", type=int, default=64, help="text: bytes of context (data.block_size)")
-    parser.add_argument("--val-every", type=int, default=10, help="text: every Nth file (by path) is validation")
+    for kind in kinds.values():
+        kind.add_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="the shuffle of the samples as they are written")
     parser.set_defaults(prepare=run_prepare)
 
 
 def run_prepare(args: argparse.Namespace) -> int:
     """`prepare shards`: the shards and the index written, summed up in one line."""
-    for name, value, least in (("--samples-per-shard", args.samples_per_shard, 1), ("--image-size", args.image_size, 8),
-                               ("--seq-len", args.seq_len, 1), ("--val-every", args.val_every, 2)):  # fmt: skip
-        if value < least:
-            raise ConfigError(f"{name} must be >= {least}, got {value}")
-    if args.kind == "images":
-        if not Path(args.source).is_dir():
-            raise ConfigError(f"SOURCE {args.source} is not a folder: give one with train/<class>/ and val/<class>/")
-        splits, meta = image_splits(args.source, args.image_size)
-    elif args.source != "stdlib" and not any(char in args.source for char in "*?[") and not Path(args.source).is_dir():
-        raise ConfigError(f"SOURCE {args.source} is not a folder, a glob pattern or 'stdlib': give one of those")
-    else:
-        exclude = () if is_remote(args.out) else (Path(args.out.removeprefix("file://")),)  # OUT inside SOURCE
-        splits, meta = text_splits(None if args.source == "stdlib" else args.source, args.seq_len, args.val_every,
-                                   exclude)  # fmt: skip
+    kinds = shard_kinds()
+    least = [("--samples-per-shard", args.samples_per_shard, 1), *(item for kind in kinds.values()
+                                                                   for item in kind.least(args))]  # fmt: skip
+    for name, value, bound in least:
+        if value < bound:
+            raise ConfigError(f"{name} must be >= {bound}, got {value}")
+    exclude = () if is_remote(args.out) else (Path(args.out.removeprefix("file://")),)  # OUT inside SOURCE
+    splits, meta = kinds[args.kind].splits(args, exclude)
     index = write_shards(args.out, args.kind, splits, args.samples_per_shard, args.seed, **meta)
     counts = {split: sum(shard["samples"] for shard in index["splits"][split]) for split in SPLITS}
     say(f"{args.out}: {counts['train']:,} training and {counts['val']:,} validation samples in "
@@ -173,7 +187,8 @@ class ShardedSet(Dataset):
     of the sampler's order; they are never pickled: each DataLoader worker opens its own."""
 
     def __init__(self, root: str, index: dict[str, Any], split: str, cache: ShardCache | None, window: int) -> None:
-        self.root, self.kind, self.cache, self.shard_window = root.rstrip("/"), index["kind"], cache, window
+        self.root, self.cache, self.shard_window = root.rstrip("/"), cache, window
+        self.kind = shard_kinds()[index["kind"]]
         self.root = self.root if cache is not None else self.root.removeprefix("file://")
         self.names = [shard["name"] for shard in index["splits"][split]]
         self.shard_bytes = [shard["bytes"] for shard in index["splits"][split]]
@@ -191,10 +206,7 @@ class ShardedSet(Dataset):
             raise IndexError(f"index {index} of a set of {len(self)}")
         shard = bisect.bisect_right(self.starts, index) - 1
         tensors, row = self.shard(shard), index - self.starts[shard]
-        if self.kind == "images":
-            return normalise(tensors["images"][row]), int(tensors["labels"][row])
-        window = tensors["tokens"][row].long()
-        return window[:-1], window[1:]
+        return self.kind.item(tensors, row)
 
     def shard(self, number: int) -> dict[str, torch.Tensor]:
         """The tensors of shard `number`, opened (and fetched) on first use, kept for the next uses."""
@@ -233,28 +245,27 @@ def read_index(root: str) -> dict[str, Any]:
         index = json.loads(fs.cat_file(f"{path.rstrip('/')}/{INDEX}"))
     except FileNotFoundError:
         raise ConfigError(f"data.root={root} holds no {INDEX}: prepare it first with "
-                          f"`{PREPARE_COMMAND} SOURCE {root} --kind images|text`") from None  # fmt: skip
-    if index.get("format") != FORMAT or index.get("kind") not in KINDS:
+                          f"`{PREPARE_COMMAND} SOURCE {root} --kind {'|'.join(shard_kinds())}`") from None  # fmt: skip
+    if index.get("format") != FORMAT or index.get("kind") not in shard_kinds():
         raise ConfigError(f"data.root={root}: {INDEX} is of format {index.get('format')} and kind "
                           f"{index.get('kind')}, this code reads format {FORMAT}: prepare it again")  # fmt: skip
     return index
 
 
-def sharded(root: str, cache_dir: str = "", cache_limit_gb: float = 10.0, shard_window: int = 4, num_classes: int = 0,
-           block_size: int = 0) -> tuple[ShardedSet, ShardedSet]:  # fmt: skip
+def sharded(root: str, cache_dir: str = "", cache_limit_gb: float = 10.0, shard_window: int = 4,
+            **sizes: int) -> tuple[ShardedSet, ShardedSet]:  # fmt: skip
     """The (train, val) pair of the data set prepared at `root` (a folder or s3://bucket/prefix). A
     store's shards are cached under `cache_dir` ("": the system's temp dir), at most about
     `cache_limit_gb` for this data set on each node; the training order reads `shard_window` shards at a
-    time. `num_classes` (images) and `block_size` (text) must agree with the data set where they are set."""
+    time. `sizes` (images: `num_classes`; each kind's `sizes`) must agree with the data set where set."""
+    kinds = shard_kinds()
+    known = {name for kind in kinds.values() for name in kind.sizes}
+    if unknown := sorted(set(sizes) - known):
+        raise ConfigError(f"data.dataset.{unknown[0]} is not a setting of data=shards: give one of {sorted(known)}")
     index = read_index(root)
     if shard_window < 1:
         raise ConfigError(f"data.shard_window must be >= 1, got {shard_window}")
-    if index["kind"] == "images" and num_classes and num_classes != len(index["classes"]):
-        raise ConfigError(f"data.root={root} holds {len(index['classes'])} classes, data.num_classes={num_classes}: "
-                          "make them agree")  # fmt: skip
-    if index["kind"] == "text" and block_size and block_size != index["seq_len"]:
-        raise ConfigError(f"data.root={root} holds windows of {index['seq_len']} bytes, data.block_size={block_size}"
-                          ": make them agree (or prepare it again with --seq-len)")  # fmt: skip
+    kinds[index["kind"]].check(root, index, sizes)
     cache = None
     if is_remote(root):
         largest = max(shard["bytes"] for shards in index["splits"].values() for shard in shards)

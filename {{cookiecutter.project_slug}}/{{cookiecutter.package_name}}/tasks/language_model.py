@@ -12,6 +12,10 @@ import torch.nn.functional as F
 from ..datasets.tokenizer import of_folder
 from . import IGNORE, predicted
 
+# What task=language_model's config offers a task of yours under it beside its own arguments
+# (engine/assembly/components.py): data=tokens's folder.
+OFFERED = ("vocab_from",)
+
 
 class LanguageModel:
     """Next-token cross-entropy, token-weighted: the step's loss is the mean over every real token of

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ...common.errors import ConfigError
+from ...common.registry import modules_with
 
 # The generic helpers and the data sets' builder live below the engine; they stay importable from here.
 from ...config.targets import build, describe, import_targets, is_map_style, locate, target_of  # noqa: F401
@@ -66,15 +67,20 @@ def build_task(config: Mapping[str, Any]) -> Any:
     return task
 
 
-# What the project's task configs offer the task beside its own arguments (a prepared data set's folder).
-OFFERED = ("vocab_from",)
+def offered_keys() -> tuple[str, ...]:
+    """What the project's task configs offer the task beside its own arguments (a prepared data set's
+    folder): each task module's `OFFERED`, by what is present."""
+    from ... import tasks
+
+    found = modules_with(tasks.__name__, tasks.__path__, "OFFERED")
+    return tuple(key for module in found for key in getattr(module, "OFFERED", ()))
 
 
 def offered_only(config: Mapping[str, Any]) -> dict[str, Any]:
     """The task's node without the offered keys its callable does not take: a task of your own under
     a project's task config is built as it was before the offer."""
     node = dict(config)
-    offered = [key for key in OFFERED if key in node]
+    offered = [key for key in offered_keys() if key in node]
     if not offered:
         return node
     try:
