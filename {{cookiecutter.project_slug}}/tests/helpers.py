@@ -40,6 +40,8 @@ from {{cookiecutter.package_name}}.launch.plan import plan, worker_environment
 from {{cookiecutter.package_name}}.observe.sinks import sink_modules
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
+# The model configs this project has, as Hydra lists them when one named is not there.
+MODEL_CHOICES = ", ".join(sorted(path.stem for path in (PROJECT_DIR / "configs" / "model").glob("*.yaml")))
 PYTHON = sys.executable
 
 

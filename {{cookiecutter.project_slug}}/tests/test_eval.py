@@ -11,8 +11,11 @@ from {{cookiecutter.package_name}} import eval as entry
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly import entry as entry_module
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.tasks import ClassificationWithAux
 
 from .helpers import compose_config, cpu_env
+
+AUX_TASK = f"{ClassificationWithAux.__module__}.{ClassificationWithAux.__name__}"
 
 # @record wants a real stderr for faulthandler; under capsys it has none, which changes nothing here.
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
@@ -96,7 +99,8 @@ def test_a_task_the_checkpoints_model_cannot_take_is_refused_in_one_line(
 ) -> None:
     checkpoint, _ = trained
     with pytest.raises(SystemExit) as stopped:
-        evaluate(monkeypatch, capsys, f"ckpt_path={checkpoint}", "task=language_model")
+        # a task for a model that returns (logits, aux): the checkpoint's classifier returns logits alone
+        evaluate(monkeypatch, capsys, f"ckpt_path={checkpoint}", f"task._target_={AUX_TASK}")
     assert stopped.value.code == 2 and in_process == []
     err = capsys.readouterr().err
     assert err.startswith("error: model, data and task do not fit together: one batch fails with "), err

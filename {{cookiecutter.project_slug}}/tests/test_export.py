@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
 from {{cookiecutter.package_name}}.engine.distributed.process_group import weights_fingerprint
 from {{cookiecutter.package_name}}.export import export, main
-from {{cookiecutter.package_name}}.models import GPT, SmallCNN
+from {{cookiecutter.package_name}}.models import SmallCNN
 
 from .helpers import compose_config
 
@@ -120,47 +119,3 @@ def test_tied_weights_go_to_safetensors_and_tie_again(tmp_path: Path) -> None:
     fresh = tied()
     fresh.load_state_dict(load_file(tmp_path / "tied.safetensors"))
     assert torch.equal(fresh[0].weight, model[0].weight) and fresh[1].weight is fresh[0].weight
-
-
-def write_gpt_checkpoint(path: Path, vocab_from: Path) -> GPT:
-    """A language model's ddp checkpoint (a GPT over a BPE's 300 ids, trained on the tokens of `vocab_from`)."""
-    overrides = ["task=language_model", "model.width=16", "model.layers=2", "model.heads=2", "data.block_size=16",
-                 "model.vocab_size=300"]  # fmt: skip
-    config = to_plain_dict(to_train_config(compose_config(overrides)))
-    config["task"]["vocab_from"] = str(vocab_from)
-    torch.manual_seed(3)
-    model = GPT(block_size=16, vocab_size=300, layers=2, heads=2, width=16).eval()
-    torch.save({"config": config, "model": model.state_dict(), "step": 5, "format_version": 1}, path)
-    return model
-
-
-def test_format_hf_writes_a_gpt2_that_transformers_loads_with_the_same_logits_and_tokenizer(tmp_path, capsys) -> None:
-    transformers = pytest.importorskip("transformers")
-    from {{cookiecutter.package_name}}.datasets.tokenizer import save, train_bpe
-
-    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog; " * 50)
-    tokenizer = train_bpe([tmp_path / "corpus.txt"], 300)
-    (tmp_path / "tokens").mkdir()
-    (tmp_path / "tokens" / "meta.json").write_text(json.dumps(save(tokenizer, tmp_path / "tokens")))
-    model = write_gpt_checkpoint(tmp_path / "step_00000005.pt", tmp_path / "tokens")
-    main([str(tmp_path / "step_00000005.pt"), str(tmp_path / "hf"), "--format", "hf"])
-    line = f"GPT-2 of the weights at step 5: sha256 {weights_fingerprint(model.state_dict())}"
-    assert capsys.readouterr().out == f"wrote {tmp_path / 'hf'}: {line}\n"
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
-    tokens = torch.tensor([tokenizer.encode("the lazy fox jumps")])
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(tokens).logits, model(tokens), atol=1e-5, rtol=0)
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
-    assert hf_tokenizer("the lazy fox jumps")["input_ids"] == tokens[0].tolist()
-    assert (tmp_path / "hf" / "provenance.json").is_file(), "the run's record inside the folder, as for any export"
-
-
-def test_format_hf_refuses_a_model_that_is_not_the_gpt_in_one_line(tmp_path: Path, capsys) -> None:
-    write_checkpoint(tmp_path / "step_00000007.pt")
-    with pytest.raises(SystemExit) as stopped:
-        main([str(tmp_path / "step_00000007.pt"), str(tmp_path / "hf"), "--format", "hf"])
-    assert stopped.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --format hf: the checkpoint's model is SmallCNN, not models.GPT"), err
-    assert err.count("\n") == 1
-    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".tmp_*"))

@@ -18,7 +18,6 @@ from torch.utils.data import default_collate
 from {{cookiecutter.package_name}} import predict as entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import compose_for_checkpoint, config_dir, register_configs, to_train_config
-from {{cookiecutter.package_name}}.datasets import pad_windows
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.assembly.components import build_datasets, build_model
 from {{cookiecutter.package_name}}.engine.assembly.entry import checkpoint_model
@@ -210,42 +209,6 @@ def test_a_killed_predicts_temporary_is_removed_at_the_next_start_but_not_a_live
     predict(monkeypatch, capsys, f"ckpt_path={checkpoint}", f"out={out}")
     assert in_process_predict == [0] and not stale.exists() and live.exists() and other.exists()
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([live.name, other.name, "val.pt"])
-
-
-RAGGED = ["task=language_model", "data=text", f"data.dataset._target_={__name__}.ragged", "data.batch_size=4",
-          f"+data.collate._target_={pad_windows.__module__}.pad_windows", "data.block_size=16", "model.layers=1",
-          "model.width=16", "model.heads=2", "trainer.epochs=1"]  # fmt: skip
-
-
-def ragged(**_: object) -> tuple[list, list]:
-    """(train, val): byte windows of 2 to 16 bytes, next-byte targets; batched by 4, of different lengths."""
-    text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 20))
-    lengths = [2, 16, 5, 9, 3, 4, 7, 6, 12, 2, 8]
-    windows = [(text[start : start + n], text[start + 1 : start + n + 1]) for start, n in enumerate(lengths)]
-    return windows, windows
-
-
-def test_windows_of_different_lengths_are_padded_and_their_lengths_saved(
-    in_process_predict, tmp_path, monkeypatch, capsys
-) -> None:
-    """data.collate=pad_windows: each window's tokens up to its length, IGNORE (-100) past it."""
-    build_trainer(to_train_config(compose_config(RAGGED)), cpu_env(0, 1), tmp_path / "run").fit()
-    checkpoint = next((tmp_path / "run" / "checkpoints").glob("step_*.pt"))
-    out = tmp_path / "tokens.pt"
-    predict(monkeypatch, capsys, f"ckpt_path={checkpoint}", f"out={out}", "predict_as=token", "trust_checkpoint=true")
-    written = torch.load(out, weights_only=True)
-    windows = ragged()[1]
-    assert set(written) == {"indices", "outputs", "lengths"} and written["outputs"].shape == (11, 16)
-    assert written["lengths"].tolist() == [len(window) for window, _ in windows]
-    payload = load_checkpoint(checkpoint)
-    model = build_model(payload["config"]["model"])
-    model.load_state_dict(payload["model"])
-    with torch.no_grad():  # as one process batches them: 4 windows padded to the batch's longest
-        tokens = [model.eval()(pad_windows(windows[start : start + 4])[0]).argmax(-1) for start in range(0, 11, 4)]
-    for index, (window, _) in enumerate(windows):
-        row, length = written["outputs"][index], len(window)
-        assert torch.equal(row[:length], tokens[index // 4][index % 4, :length])
-        assert (row[length:] == -100).all()
 
 
 @pytest.mark.parametrize(("size", "batch_size"), [(21, 4), (8, 32), (3, 1), (40, 8)])

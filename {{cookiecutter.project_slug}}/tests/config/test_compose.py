@@ -17,9 +17,10 @@ from ..helpers import PROJECT_DIR, compose_config
 def test_defaults_are_the_choices_the_project_was_made_with() -> None:
     answers = json.loads((PROJECT_DIR / ".cookiecutter.json").read_text())["cookiecutter"]
     config = to_train_config(compose_config(classification=False))
-    if answers["default_task"] == "language_model":
-        assert config.task["_target_"].endswith("tasks.LanguageModel") and config.model["_target_"].endswith("GPT")
-    else:
+    task = "classification" if answers["default_task"] == "image_classification" else answers["default_task"]
+    chosen_task = to_train_config(compose_config([f"task={task}"], classification=False))
+    assert (config.task, config.model, config.data) == (chosen_task.task, chosen_task.model, chosen_task.data)
+    if task == "classification":
         groups = [f"model={answers['default_model']}", f"data={answers['default_data']}", "optim=sgd"]
         chosen = to_train_config(compose_config(groups))
         assert (config.model, config.data, config.optim) == (chosen.model, chosen.data, chosen.optim)

@@ -17,7 +17,7 @@ from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan
 from {{cookiecutter.package_name}}.launch.supervise import Forwarder, torchrun
 
-from ..helpers import PROJECT_DIR, PYTHON, SMALL, run
+from ..helpers import MODEL_CHOICES, PROJECT_DIR, PYTHON, SMALL, run
 from .jobs import last_line, project_copy
 
 
@@ -87,7 +87,7 @@ def quiet_project(tmp_path_factory) -> Path:
     [  # one of each kind, through the script; tests/launch/ checks every case in-process
         (["data=synthetic", "data.batch_size=0"], "data.batch_size must be a whole number >= 1, got 0"),
         (["NPROC_PER_NODE=two"], "NPROC_PER_NODE=two is not a whole number"),
-        (["model=vgg11"], "Could not find 'model/vgg11'; choose one of: gpt, resnet18, resnet50, small_cnn"),
+        (["model=vgg11"], f"Could not find 'model/vgg11'; choose one of: {MODEL_CHOICES}"),
         (["data=image_folder", "data.root=/nonexistent"], "image_folder: /nonexistent/train does not exist"),
     ],
 )

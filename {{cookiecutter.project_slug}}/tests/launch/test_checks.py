@@ -13,7 +13,7 @@ from {{cookiecutter.package_name}}.launch.checks import preflight
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan
 
-from ..helpers import planned
+from ..helpers import MODEL_CHOICES, planned
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_gpus_key_is_checked_against_the_backend_before_torchrun(keys: list[str]
         (["data.batch_size=0"], "data.batch_size must be a whole number >= 1, got 0"),
         (["ddp.bucket_cap_mb=0"], "ddp.bucket_cap_mb must be > 0"),
         (["dist.backend=nccl"], "dist.backend=nccl"),
-        (["model=vgg11"], "Could not find 'model/vgg11'; choose one of: gpt, resnet18, resnet50, small_cnn"),
+        (["model=vgg11"], f"Could not find 'model/vgg11'; choose one of: {MODEL_CHOICES}"),
         (["data.batch_size=abc"], "data.batch_size must be a whole number >= 1, got 'abc'"),
         (["trainer.epoch=3"], "To append to your config use +trainer.epoch=3"),
     ],

@@ -44,3 +44,10 @@ def test_the_gpt_is_byte_level_by_default() -> None:
     model = GPT(block_size=4)
     assert model.token_embedding.num_embeddings == 256 and model.head.out_features == 256
     assert len(model.blocks) == 4 and model.token_embedding.embedding_dim == 128
+
+
+def test_the_gpt_is_found_by_the_names_configs_and_checkpoints_give() -> None:
+    from {{cookiecutter.package_name}} import models
+    from {{cookiecutter.package_name}}.models import GPT, Block  # what gpt.py defines, as when it was models.py's
+
+    assert Block.__module__ == GPT.__module__ == f"{models.__name__}.gpt" and GPT in models.BUILDABLE

@@ -4,13 +4,27 @@ bits per byte, its predictions."""
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.datasets import pad_windows
+from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.components import build_model
+from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
+from {{cookiecutter.package_name}}.models import GPT
+from {{cookiecutter.package_name}}.observe.figures import Throughput
 from {{cookiecutter.package_name}}.tasks import Task
 from {{cookiecutter.package_name}}.tasks.language_model import LanguageModel
+
+from .. import test_predict
+from ..helpers import compose_config, cpu_env
+from ..test_predict import predict
+
+in_process_predict = test_predict.in_process_predict  # the fixture: predict.py's main() run in this process
 
 
 def test_the_language_model_loss_is_the_next_token_cross_entropy_summed_over_the_real_tokens_and_their_count() -> None:
@@ -58,3 +72,51 @@ def test_the_language_models_predictions_are_its_logits_their_softmax_or_the_lik
     assert task.predict(logits, "logits") is logits
     assert torch.equal(task.predict(logits, "probs"), torch.softmax(logits, dim=-1))
     assert torch.equal(task.predict(logits, "token"), logits.argmax(dim=-1))
+
+
+def test_the_log_lines_tokens_per_s_and_mfu_count_the_windows_tokens_and_the_gpts_flops() -> None:
+    lm, cpus = Throughput(), types.SimpleNamespace(device=torch.device("cpu"), world_size=2)
+    lm.count_tokens(LanguageModel(), torch.zeros(4, 16, dtype=torch.long), GPT(block_size=16, width=32, layers=2))
+    figures = lm.figures(10.0, cpus)
+    assert figures["tokens_per_s"] == 160.0 and "mfu" not in figures  # no peak FLOPs known on a CPU
+    lm.peak = 1e12  # a GPU the table knows
+    assert lm.figures(10.0, cpus)["mfu"] == pytest.approx(160.0 * lm.flops_per_token / (2 * 1e12))
+
+
+# predict.py on windows of different lengths (data.collate=pad_windows)
+
+
+RAGGED = ["task=language_model", "data=text", f"data.dataset._target_={__name__}.ragged", "data.batch_size=4",
+          f"+data.collate._target_={pad_windows.__module__}.pad_windows", "data.block_size=16", "model.layers=1",
+          "model.width=16", "model.heads=2", "trainer.epochs=1"]  # fmt: skip
+
+
+def ragged(**_: object) -> tuple[list, list]:
+    """(train, val): byte windows of 2 to 16 bytes, next-byte targets; batched by 4, of different lengths."""
+    text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 20))
+    lengths = [2, 16, 5, 9, 3, 4, 7, 6, 12, 2, 8]
+    windows = [(text[start : start + n], text[start + 1 : start + n + 1]) for start, n in enumerate(lengths)]
+    return windows, windows
+
+
+def test_windows_of_different_lengths_are_padded_and_their_lengths_saved(
+    in_process_predict, tmp_path, monkeypatch, capsys
+) -> None:
+    """data.collate=pad_windows: each window's tokens up to its length, IGNORE (-100) past it."""
+    build_trainer(to_train_config(compose_config(RAGGED)), cpu_env(0, 1), tmp_path / "run").fit()
+    checkpoint = next((tmp_path / "run" / "checkpoints").glob("step_*.pt"))
+    out = tmp_path / "tokens.pt"
+    predict(monkeypatch, capsys, f"ckpt_path={checkpoint}", f"out={out}", "predict_as=token", "trust_checkpoint=true")
+    written = torch.load(out, weights_only=True)
+    windows = ragged()[1]
+    assert set(written) == {"indices", "outputs", "lengths"} and written["outputs"].shape == (11, 16)
+    assert written["lengths"].tolist() == [len(window) for window, _ in windows]
+    payload = load_checkpoint(checkpoint)
+    model = build_model(payload["config"]["model"])
+    model.load_state_dict(payload["model"])
+    with torch.no_grad():  # as one process batches them: 4 windows padded to the batch's longest
+        tokens = [model.eval()(pad_windows(windows[start : start + 4])[0]).argmax(-1) for start in range(0, 11, 4)]
+    for index, (window, _) in enumerate(windows):
+        row, length = written["outputs"][index], len(window)
+        assert torch.equal(row[:length], tokens[index // 4][index % 4, :length])
+        assert (row[length:] == -100).all()

@@ -1,5 +1,5 @@
 """tasks/: each task's loss (per sample, or a (total, count) pair) and its metrics, as torch's own
-cross-entropy gives them; the language model's: tests/tasks/test_language_model.py."""
+cross-entropy gives them; the tasks of the modules beside tasks/__init__.py: their own test files."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def test_a_models_auxiliary_term_is_added_to_the_loss_weighted_by_the_samples() 
 
 
 def test_a_task_of_a_module_beside_is_found_by_its_old_name_and_registered() -> None:
-    # configs and saved checkpoints name the language model's task tasks.LanguageModel: wherever tasks/ keeps
-    # it, that name finds it
+    # configs and saved checkpoints name a task of a module beside tasks.<Name>: wherever tasks/ keeps it,
+    # that name finds it
     found = {task.__name__: task for task in tasks.BUILDABLE}
     assert {"Classification", "InfoNCE", "ClassificationWithAux"} <= found.keys()
     for name, task in found.items():

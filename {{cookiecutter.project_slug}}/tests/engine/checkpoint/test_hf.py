@@ -11,11 +11,15 @@ import torch
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
+from {{cookiecutter.package_name}}.config import to_plain_dict, to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.init_weights import initialise_from
 from {{cookiecutter.package_name}}.engine.checkpoint.hf import read_gpt2, to_gpt2, write_folder
+from {{cookiecutter.package_name}}.engine.distributed.process_group import weights_fingerprint
+from {{cookiecutter.package_name}}.export import main
 from {{cookiecutter.package_name}}.models import GPT, SmallCNN
 
-from ...helpers import CPU, on_ranks
+from ...helpers import CPU, compose_config, on_ranks
+from ...test_export import write_checkpoint
 
 transformers = pytest.importorskip("transformers")
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 256, "n_positions": 64}  # the GPT-2 of the tests
@@ -142,3 +146,49 @@ def test_the_export_and_init_from_find_this_format_by_what_is_present(capsys) ->
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "--format {plain,hf}" in capsys.readouterr().out
+
+
+# export.py --format hf
+
+
+def write_gpt_checkpoint(path: Path, vocab_from: Path) -> GPT:
+    """A language model's ddp checkpoint (a GPT over a BPE's 300 ids, trained on the tokens of `vocab_from`)."""
+    overrides = ["task=language_model", "model.width=16", "model.layers=2", "model.heads=2", "data.block_size=16",
+                 "model.vocab_size=300"]  # fmt: skip
+    config = to_plain_dict(to_train_config(compose_config(overrides)))
+    config["task"]["vocab_from"] = str(vocab_from)
+    torch.manual_seed(3)
+    model = GPT(block_size=16, vocab_size=300, layers=2, heads=2, width=16).eval()
+    torch.save({"config": config, "model": model.state_dict(), "step": 5, "format_version": 1}, path)
+    return model
+
+
+def test_format_hf_writes_a_gpt2_that_transformers_loads_with_the_same_logits_and_tokenizer(tmp_path, capsys) -> None:
+    from {{cookiecutter.package_name}}.datasets.tokenizer import save, train_bpe
+
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog; " * 50)
+    tokenizer = train_bpe([tmp_path / "corpus.txt"], 300)
+    (tmp_path / "tokens").mkdir()
+    (tmp_path / "tokens" / "meta.json").write_text(json.dumps(save(tokenizer, tmp_path / "tokens")))
+    model = write_gpt_checkpoint(tmp_path / "step_00000005.pt", tmp_path / "tokens")
+    main([str(tmp_path / "step_00000005.pt"), str(tmp_path / "hf"), "--format", "hf"])
+    line = f"GPT-2 of the weights at step 5: sha256 {weights_fingerprint(model.state_dict())}"
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'hf'}: {line}\n"
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    tokens = torch.tensor([tokenizer.encode("the lazy fox jumps")])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens), atol=1e-5, rtol=0)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    assert hf_tokenizer("the lazy fox jumps")["input_ids"] == tokens[0].tolist()
+    assert (tmp_path / "hf" / "provenance.json").is_file(), "the run's record inside the folder, as for any export"
+
+
+def test_format_hf_refuses_a_model_that_is_not_the_gpt_in_one_line(tmp_path: Path, capsys) -> None:
+    write_checkpoint(tmp_path / "step_00000007.pt")
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "step_00000007.pt"), str(tmp_path / "hf"), "--format", "hf"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --format hf: the checkpoint's model is SmallCNN, not models.GPT"), err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".tmp_*"))
