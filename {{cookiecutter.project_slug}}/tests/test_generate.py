@@ -154,6 +154,13 @@ def test_refusals_each_in_one_line(in_process, checkpoints, monkeypatch, capsys,
     torch.save(payload, tmp_path / "doctored.pt")
     error = refused(monkeypatch, capsys, f"ckpt_path={tmp_path / 'doctored.pt'}", prompt)
     assert "model._target_=builtins.print" in error and "trust_checkpoint=true" in error
+    # a function of the package's own, in a nested node (as eval.py and predict.py refuse it: test_trust.py's)
+    target = f"{entry.__package__}.engine.checkpoint.files.write_atomically"
+    model = load_checkpoint(checkpoints["bpe"])["config"]["model"]
+    payload["config"]["model"] = {**model, "extra": {"_target_": target}}
+    torch.save(payload, tmp_path / "nested.pt")
+    error = refused(monkeypatch, capsys, f"ckpt_path={tmp_path / 'nested.pt'}", prompt)
+    assert f"names model.extra._target_={target}, " in error
 
 
 @pytest.mark.parametrize("prompt", ["def f(a, b):", "null", "print(x)  # [1, 2], {'k': None}", "a,b"])

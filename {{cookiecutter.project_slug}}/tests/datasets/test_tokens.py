@@ -19,6 +19,7 @@ from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 from {{cookiecutter.package_name}}.datasets import text, token_windows
 from {{cookiecutter.package_name}}.datasets import tokens as tokens_module
+from {{cookiecutter.package_name}}.datasets.prepare import main
 from {{cookiecutter.package_name}}.datasets.randomness import building_sample
 from {{cookiecutter.package_name}}.datasets.tokens import prepare_tokens
 
@@ -252,3 +253,23 @@ def test_windows_read_only_their_own_pages_of_the_map(tmp_path: Path) -> None:
         dataset[index]
     page_kib = os.sysconf("SC_PAGESIZE") // 1024
     assert 0 < resident_kib(path) <= 64 * 2 * page_kib, "at most the two pages each window spans"
+
+
+def test_prepare_tokens_as_a_command_writes_the_folder_and_refuses_to_overwrite_it_in_one_line(
+    tmp_path: Path, capsys
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for number in range(3):
+        (corpus / f"{number}.txt").write_text(f"file {number} " * 20)
+    out = tmp_path / "tokens"
+    assert main(["tokens", str(corpus), str(out), "--val-every", "3", "--repeat", "2"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["files"], meta["repeat"], meta["val_every"]) == (6, 2, 3)
+    assert meta["val_tokens"] == 2 * len("file 0 " * 20), "files 0 and 3 of 0 1 2 0 1 2"
+    assert f"train with data=tokens data.root={out}" in capsys.readouterr().out
+    assert main(["tokens", str(corpus), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--force" in err and err.count("\n") == 1, err
+    assert main(["tokens", str(corpus), str(out), "--force"]) == 0
+    assert json.loads((out / "meta.json").read_text())["repeat"] == 1

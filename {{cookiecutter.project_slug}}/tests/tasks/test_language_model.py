@@ -120,3 +120,12 @@ def test_windows_of_different_lengths_are_padded_and_their_lengths_saved(
         row, length = written["outputs"][index], len(window)
         assert torch.equal(row[:length], tokens[index // 4][index % 4, :length])
         assert (row[length:] == -100).all()
+
+
+def test_a_checkpoint_may_build_the_gpt_and_the_task_by_their_names_and_their_homes() -> None:
+    from {{cookiecutter.package_name}}.engine.checkpoint.trust import trusted
+
+    package = LanguageModel.__module__.split(".")[0]
+    for target in (f"{package}.models.GPT", f"{package}.models.gpt.GPT", f"{package}.tasks.LanguageModel",
+                   f"{package}.tasks.language_model.LanguageModel"):  # fmt: skip  # old names and new homes
+        assert trusted(target), target
