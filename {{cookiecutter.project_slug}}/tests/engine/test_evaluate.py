@@ -19,8 +19,7 @@ from {{cookiecutter.package_name}}.engine.assembly.components import build_model
 from {{cookiecutter.package_name}}.engine.data.loader import build_data
 from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate, summed
 from {{cookiecutter.package_name}}.engine.strategies import build_strategy
-from {{cookiecutter.package_name}}.models import GPT
-from {{cookiecutter.package_name}}.tasks import IGNORE, Classification, LanguageModel
+from {{cookiecutter.package_name}}.tasks import IGNORE, Classification
 
 from ..helpers import SMALL, BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
 
@@ -117,7 +116,7 @@ def test_validation_under_fsdp_runs_as_many_forwards_on_every_rank_and_counts_ea
 
 
 class WeightedLoss(Classification):
-    """A figure that is a ratio of two sums over the whole set (as LanguageModel's bits per byte of a BPE):
+    """A figure that is a ratio of two sums over the whole set (as bits per byte are, from tokens' bits and bytes):
     each sample's loss weighted by its label + 1, over the sum of the weights."""
 
     def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -147,11 +146,33 @@ def test_a_tasks_summarise_turns_the_sums_over_the_whole_set_into_its_figures_at
     assert two[0] == two[1] and two[0].metrics == pytest.approx(one.metrics, rel=1e-9)
 
 
-# --- (total, count) metrics: the language model's val_loss, the mean over every token of the set
+# --- (total, count) metrics: a token-weighted loss (a language model's val_loss), the mean over every token of the set
+
+
+class PerPosition(nn.Module):
+    """A logit per position and class (a token classifier): what a token-weighted task scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(tokens)))
+
+
+class TokenLoss:
+    """A (total, count) task: the cross-entropy summed over the real (not IGNORE) positions, and their number."""
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        per_position = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none", ignore_index=IGNORE)
+        return per_position.double().sum(), (targets != IGNORE).sum()
+
+    def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {"loss": self.loss(logits, targets)}
 
 
 def windows(train_size: int = 4, val_size: int = 7) -> tuple[list, list]:
-    """(train, val) of language-model windows of lengths 1 to 9 (window i: (i * 5) % 9 + 1 tokens)."""
+    """(train, val) of windows of lengths 1 to 9 (window i: (i * 5) % 9 + 1 tokens), next-token targets."""
 
     def items(count: int, first: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         sequences = [torch.arange(first + i, first + i + (i * 5) % 9 + 2) % 16 for i in range(count)]
@@ -160,33 +181,36 @@ def windows(train_size: int = 4, val_size: int = 7) -> tuple[list, list]:
     return items(train_size, 0), items(val_size, 30)
 
 
-def evaluate_windows(env) -> EvalResult:  # noqa: ANN001
-    node = {"batch_size": 2, "dataset": {"_target_": f"{__name__}.windows"},
+def window_data(env, dataset: str = f"{__name__}.windows"):  # noqa: ANN001, ANN201
+    """The windows batched by 2 through data.collate=pad_windows (padded at the end, targets IGNORE)."""
+    node = {"batch_size": 2, "dataset": {"_target_": dataset},
             "collate": {"_target_": f"{pad_windows.__module__}.pad_windows"}}  # fmt: skip
-    data = build_data(DataConfig.from_node(node), env, seed=0)
+    return build_data(DataConfig.from_node(node), env, seed=0)
+
+
+def evaluate_windows(env) -> EvalResult:  # noqa: ANN001
+    data = window_data(env)
     torch.manual_seed(0)
-    model = GPT(16, 16, layers=1, heads=2, width=16)
-    return evaluate(model, data.val_loader, LanguageModel(), env.device, lockstep=True)
+    return evaluate(PerPosition(), data.val_loader, TokenLoss(), env.device, lockstep=True)
 
 
 def test_a_token_weighted_metric_is_the_mean_over_every_token_of_the_set_at_any_world_size() -> None:
+    """(A language model's val_loss and val_bpb, the same way: its own tests.)"""
     torch.manual_seed(0)
-    model = GPT(16, 16, layers=1, heads=2, width=16).eval()
+    model = PerPosition().eval()
     with torch.no_grad():  # one process, plain PyTorch: every window's token losses, one list
-        losses = torch.cat([F.cross_entropy(model(x[None])[0], y, reduction="none") for x, y in windows()[1]])
+        losses = torch.cat([F.cross_entropy(model(x), y, reduction="none") for x, y in windows()[1]])
     one = evaluate_windows(cpu_env(0, 1))
     assert one.samples == 7 and one.metrics["loss"] == pytest.approx(losses.mean().item(), rel=1e-6)
-    assert one.metrics["bpb"] == pytest.approx(losses.mean().item() / math.log(2), rel=1e-6)
     for world_size in (2, 3):  # shards of 4 and 3, or 3, 2 and 2 windows: a filler forward on the shorter ones
         ranks = on_ranks(world_size, evaluate_windows)
         assert all(rank == ranks[0] for rank in ranks) and ranks[0].samples == 7
-        # float32 tolerance: the model's logits of a window vary in the last bits with the batch's padded length
         assert ranks[0].metrics == pytest.approx(one.metrics, rel=1e-6)
 
 
 def test_counts_past_float32s_integers_stay_exact() -> None:
-    """A language model's set counts tokens in the tens of millions: past 2**24 a float32 count would
-    round, and every mean over the set with it."""
+    """A token-weighted set counts tokens in the tens of millions: past 2**24 a float32 count would round,
+    and every mean over the set with it."""
     many = 2**24 + 1
     assert summed(torch.ones(3), many).tolist() == [3.0, float(many)]
     assert summed((torch.tensor(3.0), many), 0).tolist() == [3.0, float(many)]
@@ -200,16 +224,13 @@ def masked_windows() -> tuple[list, list]:
 
 def test_a_validation_that_counted_no_items_is_nan_and_says_why() -> None:
     """Before: total / max(count, 1), val_loss=0.000000, the best a run could reach."""
-    node = {"batch_size": 2, "dataset": {"_target_": f"{__name__}.masked_windows"},
-            "collate": {"_target_": f"{pad_windows.__module__}.pad_windows"}}  # fmt: skip
-    data = build_data(DataConfig.from_node(node), cpu_env(0, 1), seed=0)
+    data = window_data(cpu_env(0, 1), f"{__name__}.masked_windows")
     torch.manual_seed(0)
-    result = evaluate(GPT(16, 16, layers=1, heads=2, width=16), data.val_loader, LanguageModel(), CPU)
-    assert result.samples == 7 and list(result.metrics) == ["loss", "bpb"]
-    assert all(math.isnan(value) for value in result.metrics.values())
-    assert result.line() == "val_loss=nan val_bpb=nan val_samples=7"
+    result = evaluate(PerPosition(), data.val_loader, TokenLoss(), CPU)
+    assert result.samples == 7 and list(result.metrics) == ["loss"] and math.isnan(result.metrics["loss"])
+    assert result.line() == "val_loss=nan val_samples=7"
     assert result.uncounted() == (
-        "val_loss, val_bpb are NaN: the validation counted no items (every target masked?); such a validation "
+        "val_loss is NaN: the validation counted no items (every target masked?); such a validation "
         "is never ranked best nor counted as an improvement"
     )
     assert EvalResult({"loss": 0.5}, 3).uncounted() == ""

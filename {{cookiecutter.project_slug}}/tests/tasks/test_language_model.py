@@ -15,13 +15,15 @@ from {{cookiecutter.package_name}}.datasets import pad_windows
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.assembly.components import build_model
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
+from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate
 from {{cookiecutter.package_name}}.models import GPT
 from {{cookiecutter.package_name}}.observe.figures import Throughput
 from {{cookiecutter.package_name}}.tasks import Task
 from {{cookiecutter.package_name}}.tasks.language_model import LanguageModel
 
 from .. import test_predict
-from ..helpers import compose_config, cpu_env
+from ..engine.test_evaluate import window_data, windows
+from ..helpers import compose_config, cpu_env, on_ranks
 from ..test_predict import predict
 
 in_process_predict = test_predict.in_process_predict  # the fixture: predict.py's main() run in this process
@@ -129,3 +131,33 @@ def test_a_checkpoint_may_build_the_gpt_and_the_task_by_their_names_and_their_ho
     for target in (f"{package}.models.GPT", f"{package}.models.gpt.GPT", f"{package}.tasks.LanguageModel",
                    f"{package}.tasks.language_model.LanguageModel"):  # fmt: skip  # old names and new homes
         assert trusted(target), target
+
+
+# Evaluation: val_loss and val_bpb over every token of the set, at any world size (the token-weighted figures of
+# any task: tests/engine/test_evaluate.py, whose windows these are)
+
+
+def evaluate_gpt_windows(env, dataset: str = "windows") -> EvalResult:  # noqa: ANN001
+    data = window_data(env, f"{windows.__module__}.{dataset}")
+    torch.manual_seed(0)
+    return evaluate(GPT(16, 16, layers=1, heads=2, width=16), data.val_loader, LanguageModel(), env.device,
+                    lockstep=True)  # fmt: skip
+
+
+def test_the_language_models_figures_are_over_every_real_token_of_the_set_at_any_world_size() -> None:
+    torch.manual_seed(0)
+    model = GPT(16, 16, layers=1, heads=2, width=16).eval()
+    with torch.no_grad():  # one process, plain PyTorch: every window's token losses, one list
+        losses = torch.cat([F.cross_entropy(model(x[None])[0], y, reduction="none") for x, y in windows()[1]])
+    one = evaluate_gpt_windows(cpu_env(0, 1))
+    assert one.samples == 7 and one.metrics["loss"] == pytest.approx(losses.mean().item(), rel=1e-6)
+    assert one.metrics["bpb"] == pytest.approx(losses.mean().item() / math.log(2), rel=1e-6)
+    for world_size in (2, 3):  # shards of 4 and 3, or 3, 2 and 2 windows: a filler forward on the shorter ones
+        ranks = on_ranks(world_size, evaluate_gpt_windows)
+        assert all(rank == ranks[0] for rank in ranks) and ranks[0].samples == 7
+        # float32 tolerance: the model's logits of a window vary in the last bits with the batch's padded length
+        assert ranks[0].metrics == pytest.approx(one.metrics, rel=1e-6)
+    masked = evaluate_gpt_windows(cpu_env(0, 1), "masked_windows")
+    assert masked.line() == "val_loss=nan val_bpb=nan val_samples=7" and masked.uncounted().startswith(
+        "val_loss, val_bpb are NaN: the validation counted no items"
+    )
