@@ -3,6 +3,7 @@ bits per byte, its predictions."""
 
 from __future__ import annotations
 
+import json
 import math
 import types
 
@@ -161,3 +162,15 @@ def test_the_language_models_figures_are_over_every_real_token_of_the_set_at_any
     assert masked.line() == "val_loss=nan val_bpb=nan val_samples=7" and masked.uncounted().startswith(
         "val_loss, val_bpb are NaN: the validation counted no items"
     )
+
+
+def test_the_log_line_holds_the_windows_tokens_per_s_and_the_gpt_says_its_flops(tmp_path) -> None:
+    lm = build_trainer(to_train_config(compose_config(
+        ["task=language_model", "model.width=32", "model.layers=2", "data.block_size=16", "data.train_samples=64",
+         "data.val_samples=8", "trainer.max_steps=2", "trainer.log_every_n_steps=1"], classification=False)),
+        cpu_env(0, 1), tmp_path / "lm")  # fmt: skip
+    lm.fit()
+    records = [json.loads(line) for line in (tmp_path / "lm" / "metrics.jsonl").read_text().splitlines()]
+    first = next(record for record in records if record["kind"] == "train")
+    assert first["tokens_per_s"] == pytest.approx(first["samples_per_s"] * 16)
+    assert lm.model.flops_per_token(16) == 6 * sum(p.numel() for p in lm.model.parameters()) + 12 * 2 * 32 * 16
