@@ -164,11 +164,13 @@ class TokenLoss:
     """A (total, count) task: the cross-entropy summed over the real (not IGNORE) positions, and their number."""
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        per_position = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none", ignore_index=IGNORE)
-        return per_position.double().sum(), (targets != IGNORE).sum()
+        total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE)
+        return total, (targets != IGNORE).sum()
 
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {"loss": self.loss(logits, targets)}
+        # in float64: a batch's total must not depend on which windows share the batch (the world size)
+        per_position = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none", ignore_index=IGNORE)
+        return {"loss": (per_position.double().sum(), (targets != IGNORE).sum())}
 
 
 def windows(train_size: int = 4, val_size: int = 7) -> tuple[list, list]:
