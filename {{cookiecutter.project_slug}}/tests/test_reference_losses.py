@@ -1,10 +1,12 @@
-"""Numbers that stay across commits: the first training losses of a tiny image run and a tiny language
-model run, recorded in tests/fixtures/reference_losses.json (float.hex, bit for bit) with the environment
-they came from. A change that moves them fails here; an intended one regenerates the file:
+"""Numbers that stay across commits: the first training losses of tiny runs, one per case of
+tests/fixtures/reference_losses.json (each case's overrides and its losses, float.hex, bit for bit), with the
+environment they came from. A change that moves them fails here; an intended one regenerates the losses:
 
     python -m tests.test_reference_losses --write      # from the project root (docs/testing.md)
 
-The cases name their task, model and data, so every bake (whatever its defaults) runs the same ones."""
+The cases name their task, model and data, so every bake (whatever its defaults) runs the same ones; a
+case with `"tiny": true` starts from tests/helpers.py's TINY, one with `"data_root": "text_files"` reads
+ten small text files written for it."""
 
 from __future__ import annotations
 
@@ -28,15 +30,10 @@ from .helpers import CPU, TINY, compose_config
 REFERENCE = Path(__file__).parent / "fixtures" / "reference_losses.json"
 STEPS = 8
 TOLERANCE = 1e-4  # relative, on another torch, CPU model or thread count: the kernels' sums may round otherwise
-CASES = {
-    "image": [*TINY, "data.batch_size=16"],  # TINY names task=classification, model=small_cnn, data=synthetic
-    "language_model": ["task=language_model", "model.width=16", "model.layers=1", "model.heads=2",
-                       "data.block_size=16", "data.batch_size=4", "data.train_samples=64", "data.val_samples=8"],
-}  # fmt: skip
 WORDS = "the quick brown fox jumps over a lazy dog while seven tired cats watch from the warm wall"
 
 
-def corpus(root: Path) -> Path:
+def text_files(root: Path) -> Path:
     """Ten small text files of fixed bytes (the first one validation): not the standard library's sources,
     which change with the Python version."""
     root.mkdir(parents=True)
@@ -47,11 +44,16 @@ def corpus(root: Path) -> Path:
     return root
 
 
-def losses(case: str, run_dir: Path) -> list[float]:
+def cases() -> dict[str, dict]:
+    return json.loads(REFERENCE.read_text())["cases"]
+
+
+def losses(case: dict, run_dir: Path) -> list[float]:
     """The case's train_loss of each of its first STEPS steps, as metrics.jsonl holds them."""
-    overrides = [*CASES[case], f"trainer.max_steps={STEPS}", "trainer.log_every_n_steps=1"]
-    if case == "language_model":
-        overrides.append(f"data.root={corpus(run_dir.parent / 'corpus')}")
+    overrides = [*(TINY if case.get("tiny") else []), *case["overrides"], f"trainer.max_steps={STEPS}",
+                 "trainer.log_every_n_steps=1"]  # fmt: skip  # TINY: task=classification, small_cnn, synthetic
+    if case.get("data_root") == "text_files":
+        overrides.append(f"data.root={text_files(run_dir.parent / 'text')}")
     build_trainer(to_train_config(compose_config(overrides)), CPU, run_dir).fit()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [record["train_loss"] for record in records if record["kind"] == "train"]
@@ -89,10 +91,11 @@ def test_the_first_losses_are_the_recorded_ones(tmp_path: Path, single_thread: N
     reference = json.loads(REFERENCE.read_text())
     recorded, here = reference["environment"], environment()
     same = all(recorded[key] == here[key] for key in ("torch", "machine", "cpu", "threads"))
-    for case, expected_hex in reference["losses"].items():
+    for name, case in reference["cases"].items():
+        expected_hex = case["losses"]
         expected = [float.fromhex(value) for value in expected_hex]
-        got = losses(case, tmp_path / case)
-        where = (f"{case}: the losses moved; the reference came from {recorded}, this run is on {here}"
+        got = losses(case, tmp_path / name)
+        where = (f"{name}: the losses moved; the reference came from {recorded}, this run is on {here}"
                  f" ({'the same environment: compared bit for bit' if same else f'compared to rel {TOLERANCE}'});"
                  f" an intended change regenerates it: python -m tests.test_reference_losses --write")  # fmt: skip
         assert len(got) == len(expected) == STEPS, f"{where}: {len(got)} steps logged, {len(expected)} recorded"
@@ -105,9 +108,10 @@ def test_the_first_losses_are_the_recorded_ones(tmp_path: Path, single_thread: N
 def write() -> None:
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as tests/conftest.py sets it for the test that compares
     with one_thread(), tempfile.TemporaryDirectory() as folder:
-        recorded = {case: [value.hex() for value in losses(case, Path(folder) / case)] for case in CASES}
+        recorded = {name: {**case, "losses": [value.hex() for value in losses(case, Path(folder) / name)]}
+                    for name, case in cases().items()}  # fmt: skip
         payload = {"regenerate": "python -m tests.test_reference_losses --write", "environment": environment(),
-                   "losses": recorded}  # fmt: skip
+                   "cases": recorded}  # fmt: skip
     REFERENCE.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {REFERENCE}")
 
