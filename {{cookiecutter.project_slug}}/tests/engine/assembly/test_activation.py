@@ -5,15 +5,44 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.engine.assembly.activation import checkpoint_activations
-from {{cookiecutter.package_name}}.models import GPT, SmallCNN
+from {{cookiecutter.package_name}}.models import SmallCNN
 
 
-def gpt() -> GPT:
+class Block(nn.Module):
+    """A residual MLP block with dropout, as a transformer's repeats its own."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Dropout(0.1),
+                                 nn.Linear(4 * width, width))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
+
+
+class Blocks(nn.Module):
+    """An image classifier of three repeated blocks in a ModuleList (8x8 images): what recomputation finds."""
+
+    def __init__(self, num_classes: int = 10, width: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, width))
+        self.blocks = nn.ModuleList(Block(width) for _ in range(3))
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def fresh_blocks() -> Blocks:
     torch.manual_seed(0)
-    return GPT(block_size=32, vocab_size=256, layers=3, heads=2, width=32, dropout=0.1)
+    return Blocks()
 
 
 def loss_grads_and_saved(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor], int]:
@@ -25,17 +54,17 @@ def loss_grads_and_saved(model: torch.nn.Module) -> tuple[torch.Tensor, list[tor
         saved[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(1))
+    generator = torch.Generator().manual_seed(1)
+    images, labels = torch.randn(16, 3, 8, 8, generator=generator), torch.randint(0, 10, (16,), generator=generator)
     torch.manual_seed(2)  # dropout's draws, replayed by the recomputation
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()], sum(saved.values())
 
 
 def test_recomputed_blocks_give_the_same_loss_and_gradients_and_keep_less() -> None:
-    plain, recomputed = gpt(), gpt()
+    plain, recomputed = fresh_blocks(), fresh_blocks()
     names = [name for name, _ in plain.named_parameters()]
     blocks = checkpoint_activations(recomputed, [])
     assert len(blocks) == 3 and [name for name, _ in recomputed.named_parameters()] == names
@@ -53,7 +82,7 @@ def test_a_model_without_repeated_blocks_is_refused_in_one_line() -> None:
 
 
 def one_step(env, tmp_path, strategy: str) -> dict:
-    """One optimizer step of the language model under `strategy`, with and without recomputation."""
+    """One optimizer step of the blocks' model under `strategy`, with and without recomputation."""
     from {{cookiecutter.package_name}}.config import to_train_config
     from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
@@ -61,8 +90,8 @@ def one_step(env, tmp_path, strategy: str) -> dict:
 
     ends = {}
     for recompute in (False, True):
-        overrides = ["task=language_model", "model.width=32", "model.layers=2", "model.dropout=0.1",
-                     "data.block_size=16", "data.train_samples=64", "data.val_samples=8", f"strategy={strategy}",
+        overrides = ["model=small_cnn", f"model._target_={__name__}.Blocks", "data=synthetic", "data.image_size=8",
+                     "data.train_size=32", "data.val_size=8", "data.batch_size=4", f"strategy={strategy}",
                      f"trainer.activation_checkpointing={recompute}"]  # fmt: skip
         run = build_trainer(to_train_config(compose_config(overrides)), env, tmp_path / f"{strategy}_{recompute}")
         inputs, targets, weights, _ = next(iter(run.data.train_loader))
