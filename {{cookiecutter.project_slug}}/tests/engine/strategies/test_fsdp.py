@@ -22,6 +22,10 @@ from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
 from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, per_rank_bytes
 
 from ...helpers import TINY, assert_same, compose_config, cpu_env, on_ranks, run
+from ..assembly.test_activation import Blocks
+
+# An image classifier of three repeated blocks in a ModuleList (8x8 images): what fsdp shards one by one.
+BLOCKS = [*TINY, "data.image_size=8", f"model._target_={Blocks.__module__}.Blocks"]
 
 
 @pytest.mark.parametrize(
@@ -74,19 +78,17 @@ def test_the_blocks_sharded_are_fsdp_blocks_classes_else_the_automatic_ones_and_
     from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
     caplog.set_level("INFO")
-    small = ["strategy=fsdp", *TINY]
-    language_model = ["strategy=fsdp", "task=language_model", "model.width=32", "model.layers=2",
-                      "data.train_samples=8", "data.val_samples=4"]  # fmt: skip
+    small, blocks = ["strategy=fsdp", *TINY], ["strategy=fsdp", *BLOCKS]
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # fsdp's mesh needs a group
     try:
-        for index, overrides in enumerate([[*language_model, "fsdp.blocks=[Linear]"], language_model, small]):
+        for index, overrides in enumerate([[*blocks, "fsdp.blocks=[Linear]"], blocks, small]):
             build_trainer(to_train_config(compose_config(overrides)), cpu_env(0, 1), tmp_path / str(index))
     finally:
         dist.destroy_process_group()
     said = [record.getMessage() for record in caplog.records if " blocks sharded " in record.getMessage()]
     assert len(said) == 3 and re.fullmatch(r"fsdp: \d+ blocks sharded \(Linear\) over 1 ranks, then the root", said[0])
-    assert int(said[0].split()[1]) > 2, "each Linear of the 2 blocks, not the blocks; named as fsdp.blocks names them"
-    assert said[1:] == ["fsdp: 2 blocks sharded (Block) over 1 ranks, then the root",
+    assert int(said[0].split()[1]) > 3, "each Linear of the 3 blocks, not the blocks; named as fsdp.blocks names them"
+    assert said[1:] == ["fsdp: 3 blocks sharded (Block) over 1 ranks, then the root",
                         "fsdp: 0 blocks sharded (none) over 1 ranks, then the root"]  # fmt: skip
 
 
@@ -95,13 +97,12 @@ def test_bf16_under_fsdp_computes_in_bf16_from_fp32_shards_and_reduces_the_loss_
 
     from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
-    overrides = ["task=language_model", "strategy=fsdp", "trainer.precision=bf16", "model.width=32",
-                 "model.layers=1", "data.train_samples=24", "data.val_samples=10"]  # fmt: skip
+    overrides = ["strategy=fsdp", "trainer.precision=bf16", *BLOCKS]
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # fsdp's mesh needs a group
     try:
         trainer = build_trainer(to_train_config(compose_config(overrides)), cpu_env(0, 1), tmp_path)
         seen = {}
-        layer = trainer.model.blocks[0].attention.qkv
+        layer = trainer.model.blocks[0].net[1]
         layer.register_forward_pre_hook(lambda module, args: seen.update(weight=module.weight.dtype, x=args[0].dtype))
         trainer.model.register_forward_hook(lambda module, args, output: seen.update(logits=output.dtype))
         inputs, targets, weights, _ = next(iter(trainer.data.train_loader))
