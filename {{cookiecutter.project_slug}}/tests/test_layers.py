@@ -6,6 +6,7 @@ test file at the module's path."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,10 @@ PACKAGE = PROJECT / "{{cookiecutter.package_name}}"
 TESTS = PROJECT / "tests"
 MOST_LINES = 300
 LONGER = {"{{cookiecutter.package_name}}.engine.trainer"}  # the loop and its step, read in one sitting (docs/layout.md)
-# The top level: the entry points and the user's files; the machinery is in folders named after their layer.
-ENTRY_POINTS = {"train", "eval", "export", "predict", "generate", "comm_check"}
+# The top level: the entry points (the top layer of pyproject.toml's layers contract) and the user's files; the
+# machinery is in folders named after their layer.
+TOP_LAYER = re.search(r'layers = \[\s*"([^"]+)"', (PROJECT / "pyproject.toml").read_text())
+ENTRY_POINTS = {name.strip() for name in TOP_LAYER.group(1).split("|")} if TOP_LAYER else set()
 USERS_FILES = {"models", "tasks", "augment", "callbacks"}
 
 
