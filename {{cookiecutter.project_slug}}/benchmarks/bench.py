@@ -45,7 +45,8 @@ from {{cookiecutter.package_name}}.engine.trainer import AUTOCAST_DTYPES  # noqa
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    models = sorted(path.stem for path in (PROJECT_DIR / "configs" / "model").glob("*.yaml") if path.stem != "gpt")
+    models = sorted(path.stem for path in (PROJECT_DIR / "configs" / "model").glob("*.yaml")
+                    if "num_classes: ${data.num_classes}" in path.read_text())  # fmt: skip  # the image classifiers
     parser.add_argument("--model", default="small_cnn", choices=models, help="an image model of configs/model/")
     parser.add_argument("--batch", type=int, default=32, help="per process")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
