@@ -146,7 +146,7 @@ def test_a_tasks_summarise_turns_the_sums_over_the_whole_set_into_its_figures_at
     assert two[0] == two[1] and two[0].metrics == pytest.approx(one.metrics, rel=1e-9)
 
 
-# --- (total, count) metrics: a token-weighted loss (a language model's val_loss), the mean over every token of the set
+# --- (total, count) metrics: a token-weighted loss, the mean over every token of the set
 
 
 class PerPosition(nn.Module):
@@ -197,7 +197,7 @@ def evaluate_windows(env) -> EvalResult:  # noqa: ANN001
 
 
 def test_a_token_weighted_metric_is_the_mean_over_every_token_of_the_set_at_any_world_size() -> None:
-    """(A language model's val_loss and val_bpb, the same way: its own tests.)"""
+    """(A task of the package's own that weighs by tokens, the same way: its own tests.)"""
     torch.manual_seed(0)
     model = PerPosition().eval()
     with torch.no_grad():  # one process, plain PyTorch: every window's token losses, one list

@@ -84,7 +84,7 @@ def test_the_shipped_resnets_train_and_resume_bit_exactly(
 ) -> None:
     """The shipped resnets (resnet50's 53 BatchNorm layers; resnet18 sharded), 16x16 images, on two ranks: a
     resumed run's weights and buffers are the uninterrupted run's, bit for bit, and training changed them.
-    (A real SIGKILL: tests/e2e/test_resume.py (torchrun's restart), test_language_model.py, test_fsdp.py.)"""
+    (A real SIGKILL: tests/e2e/test_resume.py (torchrun's restart), test_fsdp.py, test_own_model.py.)"""
     job = [f"strategy={strategy}", f"model={model}", "data.image_size=16", "data.num_classes=4"]
     ends = on_ranks(2, train_stop_resume, tmp_path, job)[0]
     assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
@@ -423,7 +423,7 @@ def test_a_total_and_count_loss_steps_as_the_mean_also_when_fp16_scales_it(preci
 
 
 def token_config(overrides: list[str], dataset: str, batch_size: int) -> TrainConfig:
-    """A per-position model and a (total, count) task (tests/engine/test_evaluate.py's: a language model's
+    """A per-position model and a (total, count) task (tests/engine/test_evaluate.py's: a sequence model's
     kind of loss, without one) on windows of this module's `dataset`, batched through pad_windows."""
     config = to_train_config(compose_config(overrides))
     config.model = {"_target_": f"{PerPosition.__module__}.PerPosition"}
