@@ -1,5 +1,5 @@
 """Memory per rank of data=text (the corpus read into each rank) against data=tokens (token files each
-rank memory-maps), at growing corpus sizes (docs/data_at_scale.md):
+rank memory-maps), at growing corpus sizes (docs/language_model.md):
 
     python benchmarks/text_memory.py [--sizes 0.25,1] [--nproc 2] [--steps 40] [--scratch DIR]
 

@@ -221,7 +221,7 @@ class TokenWindows(TextWindows):
                 self.map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
             # Windows are drawn at random: without this, each page fault reads the disk's read_ahead_kb
             # around it (8 MiB on some machines) and maps its neighbours in, and an epoch of a few MB of
-            # windows leaves most of a large file resident in the rank (docs/data_at_scale.md).
+            # windows leaves most of a large file resident in the rank (docs/language_model.md).
             self.map.madvise(mmap.MADV_RANDOM)
             self.mapped = torch.frombuffer(self.map, dtype=DTYPES[self.dtype], count=self.length)
         return self.mapped
