@@ -1,10 +1,10 @@
-"""Memory per rank and speed of strategy=ddp against strategy=fsdp, for the language model.
+"""Memory per rank and speed of strategy=ddp against strategy=fsdp, for an image classifier.
 
-    python benchmarks/fsdp_memory.py [--nprocs 1,2,4] [--steps 20] [--width 128] [--layers 4]
+    python benchmarks/fsdp_memory.py [--nprocs 1,2,4] [--steps 20] [--model resnet18] [--image-size 32]
 
 For each process count it starts one torchrun job (on the GPUs if there are enough, else CPU
-processes), which trains the GPT of configs/model/gpt.yaml with AdamW under both strategies in
-turn, with the project's own DDP wrapping and FSDP sharding, and reports per rank the bytes of
+processes), which trains the model of configs/model/<--model>.yaml (10 classes) with AdamW under both
+strategies in turn, with the project's own DDP wrapping and FSDP sharding, and reports per rank the bytes of
 parameters, gradients and optimizer state after an optimizer step (fsdp's should fall as 1/N,
 ddp's stay whole) and optimizer steps per second. The rows of one job compare with each other.
 """
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,20 +41,33 @@ FSDP = FSDPConfig(**OmegaConf.to_container(TRAIN.fsdp))  # type: ignore[arg-type
 MIB = 2**20
 
 
+def image_classifiers() -> list[str]:
+    """The model configs that take data.num_classes: the image classifiers."""
+    return sorted(path.stem for path in (CONFIGS / "model").glob("*.yaml")
+                  if "num_classes: ${data.num_classes}" in path.read_text())  # fmt: skip
+
+
+def model_node(name: str) -> dict:
+    """configs/model/<name>.yaml for 10 classes, its other interpolations resolved as train.yaml would."""
+    node = OmegaConf.load(CONFIGS / "model" / f"{name}.yaml")
+    assert isinstance(node, DictConfig)
+    node.num_classes = 10
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+
+
 def measure(strategy: str, args: argparse.Namespace, env) -> dict:
     torch.manual_seed(0)
-    node = {**OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "gpt.yaml")), "block_size": args.block,
-            "width": args.width, "layers": args.layers}  # fmt: skip
+    node = model_node(args.model)
     config = SimpleNamespace(ddp=DDP, fsdp=FSDP, trainer=SimpleNamespace(precision="fp32"))
     spread = strategy_class(strategy)(config, env)
     model = spread.prepare(build_model(node).to(env.device))  # the project's own ddp and fsdp
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     trained = spread.wrap(model, optimizer)
-    tokens = torch.randint(0, 256, (args.batch, args.block + 1), device=env.device)
+    images = torch.randn(args.batch, 3, args.image_size, args.image_size, device=env.device)
+    labels = torch.randint(0, 10, (args.batch,), device=env.device)
 
     def step() -> None:
-        logits = trained(tokens[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        F.cross_entropy(trained(images), labels).backward()
         optimizer.step()
 
     for _ in range(args.warmup):
@@ -87,10 +100,9 @@ def worker(args: argparse.Namespace) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", default="1,2,4", help="process counts, one job each")
-    parser.add_argument("--batch", type=int, default=8, help="windows per process per step")
-    parser.add_argument("--block", type=int, default=64, help="bytes per window")
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--model", default="resnet18", choices=image_classifiers(), help="an image classifier")
+    parser.add_argument("--batch", type=int, default=8, help="images per process per step")
+    parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -100,7 +112,8 @@ def main() -> int:
         return 0
     rows = []
     for nproc in (int(n) for n in args.nprocs.split(",")):
-        passed = [f"--{key}={value}" for key, value in vars(args).items() if key not in ("nprocs", "worker")]
+        passed = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
+                  if key not in ("nprocs", "worker")]  # fmt: skip
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                __file__, "--worker", *passed]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -109,7 +122,7 @@ def main() -> int:
             print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
             return proc.returncode
         rows += [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-    print(f"GPT width {args.width}, {args.layers} layers, AdamW, {args.batch} windows of {args.block} bytes a process")
+    print(f"{args.model}, AdamW, {args.batch} images of {args.image_size}x{args.image_size} a process")
     print(f"{'procs':>5} {'strategy':<8} {'params MiB':>10} {'grads MiB':>10} {'optim MiB':>10} {'total MiB':>10} "
           f"{'steps/s':>8} {'vs ddp':>7}")  # fmt: skip
     for row in rows:

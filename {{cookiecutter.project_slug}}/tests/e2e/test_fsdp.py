@@ -117,7 +117,7 @@ def test_the_export_equals_the_live_weights_and_evaluates_like_the_shards(refere
 
 def test_the_memory_benchmark_shows_fsdp_sharding_what_ddp_replicates() -> None:
     proc = run([PYTHON, "benchmarks/fsdp_memory.py", "--nprocs", "2", "--steps", "2", "--warmup", "1",
-                "--width", "32", "--layers", "2"], timeout=240)  # fmt: skip
+                "--model", "small_cnn", "--image-size", "16"], timeout=240)  # fmt: skip
     rows = {line.split()[1]: [float(x) for x in line.split()[2:6]] for line in proc.stdout.splitlines()
             if line.split()[:1] == ["2"]}  # fmt: skip
     assert set(rows) == {"ddp", "fsdp"}, proc.stdout
