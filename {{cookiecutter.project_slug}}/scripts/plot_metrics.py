@@ -30,7 +30,7 @@ def series(records: list[dict], kind: str, key: str) -> tuple[list[int], list[fl
 
 
 def validation_metrics(records: list[dict]) -> list[str]:
-    """The task's validation metrics besides the loss (val_acc, val_bpb, ...), in record order."""
+    """The task's validation metrics besides the loss (val_acc, val_macro_f1, ...), in record order."""
     names: list[str] = []
     for record in records:
         if record.get("kind") == "val":

@@ -76,8 +76,8 @@ def test_the_state_round_trips_through_a_weights_only_file(tmp_path) -> None:
 
 
 def test_a_monitor_the_validation_does_not_give_is_refused_naming_those_it_does() -> None:
-    with pytest.raises(ConfigError, match=r"checkpoint.monitor=val_acc is not a figure .* gives val_loss, val_bpb"):
-        Monitor("val_acc", "max", 1, 0, 0.0).check_names(["val_loss", "val_bpb"])
+    with pytest.raises(ConfigError, match=r"checkpoint.monitor=val_acc is not a figure .* gives val_loss, val_f1"):
+        Monitor("val_acc", "max", 1, 0, 0.0).check_names(["val_loss", "val_f1"])
     Monitor("val_acc", "max", 0, 0, 0.0).check_names(["val_acc"])
 
 

@@ -95,16 +95,16 @@ def test_a_figure_that_is_not_finite_is_written_as_strict_json_that_reads_back_w
     """A bare NaN (Python's json default) is rejected by strict readers (jq, JavaScript, Go...)."""
     metrics = MetricsLog(tmp_path / "metrics.jsonl", enabled=True)
     metrics.sinks.append(sink := RecordingSink())
-    metrics.write("val", step=3, val_loss=float("nan"), val_acc=float("inf"), val_bpb=-float("inf"), val_samples=16)
+    metrics.write("val", step=3, val_loss=float("nan"), val_acc=float("inf"), val_f1=-float("inf"), val_samples=16)
 
     def refuse(name: str) -> None:
         raise ValueError(f"not strict JSON: {name}")
 
     (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
     record = json.loads(line, parse_constant=refuse)
-    assert record == {"kind": "val", "step": 3, "val_loss": "NaN", "val_acc": "Infinity", "val_bpb": "-Infinity",
+    assert record == {"kind": "val", "step": 3, "val_loss": "NaN", "val_acc": "Infinity", "val_f1": "-Infinity",
                       "val_samples": 16}  # fmt: skip
-    assert [float(record[key]) for key in ("val_acc", "val_bpb")] == [float("inf"), -float("inf")]
+    assert [float(record[key]) for key in ("val_acc", "val_f1")] == [float("inf"), -float("inf")]
     assert float(record["val_loss"]) != float(record["val_loss"]), "NaN again"
     assert sink.records[0][1]["val_acc"] == float("inf"), "the sinks take the figures themselves"
     metrics.drop_after(3)
