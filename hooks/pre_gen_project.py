@@ -12,6 +12,7 @@ VALUES = {
     "project_slug": "{{ cookiecutter.project_slug }}",
     "package_name": "{{ cookiecutter.package_name }}",
 }
+DEFAULT_TASK, LANGUAGE_MODEL = "{{ cookiecutter.default_task }}", "{{ cookiecutter.language_model }}"
 
 # What the generated project imports or holds at its top level, beside the standard library.
 TAKEN = {
@@ -60,6 +61,10 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 1
+    if DEFAULT_TASK == "language_model" and LANGUAGE_MODEL == "no":
+        print("error: default_task=language_model needs language_model=yes: choose one of them "
+              "(language_model=no leaves default_task=image_classification alone)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -174,3 +174,16 @@ def test_the_log_line_holds_the_windows_tokens_per_s_and_the_gpt_says_its_flops(
     first = next(record for record in records if record["kind"] == "train")
     assert first["tokens_per_s"] == pytest.approx(first["samples_per_s"] * 16)
     assert lm.model.flops_per_token(16) == 6 * sum(p.numel() for p in lm.model.parameters()) + 12 * 2 * 32 * 16
+
+
+def test_task_language_models_vocab_from_reaches_only_a_task_that_takes_it() -> None:
+    from {{cookiecutter.package_name}}.engine.assembly.components import build_task
+
+    from ..engine.assembly.test_components import OwnTask, OwnTaskWithOptions
+
+    own, with_options = f"{OwnTask.__module__}.OwnTask", f"{OwnTaskWithOptions.__module__}.OwnTaskWithOptions"
+    for task, built in ((own, OwnTask), (f"{LanguageModel.__module__}.LanguageModel", LanguageModel)):
+        config = to_train_config(compose_config(["task=language_model", f"task._target_={task}"]))
+        assert "vocab_from" in config.task and isinstance(build_task(config.task), built)
+    config = to_train_config(compose_config(["task=language_model", f"task._target_={with_options}"]))
+    assert build_task(config.task).options == {"vocab_from": None}  # **options takes it

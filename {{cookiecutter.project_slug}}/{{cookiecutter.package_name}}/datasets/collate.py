@@ -69,9 +69,9 @@ def pad_sequences(items: list[tuple[Any, Any]], pad_value: float = 0) -> tuple[t
 def pad_windows(
     items: list[tuple[torch.Tensor, torch.Tensor]], pad_value: int = 0, ignore: int = -100
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of language-model windows of different lengths, each padded at the end to the
-    longest of the batch: inputs with `pad_value` (a causal model's real positions never see them),
-    targets with `ignore` (tasks.IGNORE), which tasks.LanguageModel neither scores nor counts: the loss
+    """(inputs, targets) of windows of different lengths (a target per position), each padded at the end to
+    the longest of the batch: inputs with `pad_value` (a causal model's real positions never see them),
+    targets with `ignore` (tasks.IGNORE), which a token-weighted task neither scores nor counts: the loss
     is the mean over the real tokens of the step's global batch."""
     inputs = pad_sequence([item[0] for item in items], batch_first=True, padding_value=pad_value)
     targets = pad_sequence([item[1] for item in items], batch_first=True, padding_value=ignore)

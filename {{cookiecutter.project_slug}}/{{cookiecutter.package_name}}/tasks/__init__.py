@@ -246,6 +246,6 @@ BUILDABLE = (Classification, InfoNCE, ClassificationWithAux, *buildable_beside(_
 
 
 def __getattr__(name: str) -> Any:
-    """`tasks.LanguageModel`: the name configs, saved checkpoints and imports give what a module beside this
-    one defines."""
+    """`tasks.<Name>`: the name configs, saved checkpoints and imports give what a module beside this one
+    defines."""
     return defined_beside(__name__, __path__, name)

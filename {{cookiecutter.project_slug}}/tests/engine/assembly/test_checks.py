@@ -88,7 +88,7 @@ def test_a_relaunch_with_overrides_the_checkpoint_cannot_take_is_refused(tmp_pat
         ("data.dataset._target_=builtins.list", "data.dataset._target_=builtins.list failed: TypeError"),
         ("data.dataset._target_=builtins.dict", "data.dataset._target_=builtins.dict returned a dict, not a pair"),
         ("optim._target_=torch.optim.Nope", "optim._target_=torch.optim.Nope does not import"),
-        ("task._target_={{cookiecutter.package_name}}.tasks.LanguageModel", "model, data and task do not fit together"),
+        ("task._target_={{cookiecutter.package_name}}.tasks.ClassificationWithAux", "model, data and task do not fit together"),
     ],
 )
 def test_a_target_that_cannot_work_is_refused_naming_the_key(override: str, message: str) -> None:
