@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import pytest
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server import api as agent_api
 
-from {{cookiecutter.package_name}}.launch.agent import quiet_exit_barrier, stores_listening_on
+from {{cookiecutter.package_name}}.launch.agent import quiet_exit_barrier, stop_once, stores_listening_on
 
 
 def listening(port: int) -> set[str]:
@@ -61,3 +62,17 @@ def test_the_exit_barrier_fails_without_a_traceback_once_node_zero_has_gone(quie
     failures = [record for record in caplog.records if record.exc_info]
     assert (failures == []) == quiet, [record.getMessage() for record in caplog.records]
     assert any("Waiting 5 seconds for other agents" in record.getMessage() for record in caplog.records)
+
+
+def test_a_stop_signal_is_raised_once_and_a_repeat_while_it_is_handled_is_ignored(monkeypatch) -> None:
+    from torch.distributed.elastic.multiprocessing import api as processes_api
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    monkeypatch.setattr(processes_api, "_terminate_process_handler", processes_api._terminate_process_handler)
+    stop_once()
+    stop_once()  # twice (a relaunched agent's module state): still one wrapper
+    handler = processes_api._terminate_process_handler
+    with pytest.raises(SignalException) as raised:
+        handler(signal.SIGTERM, None)
+    assert raised.value.sigval == signal.SIGTERM
+    assert handler(signal.SIGTERM, None) is None and handler(signal.SIGINT, None) is None, "ignored: no second raise"

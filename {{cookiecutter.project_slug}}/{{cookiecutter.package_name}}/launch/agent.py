@@ -23,6 +23,7 @@ from typing import Any
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server import api as agent_api
+from torch.distributed.elastic.multiprocessing import api as processes_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous
@@ -82,8 +83,29 @@ def quiet_exit_barrier() -> None:
         agent_api.logger.addFilter(NoExitBarrierFailure())
 
 
+def stop_once() -> None:
+    """torchrun's handler of SIGTERM, SIGINT and SIGHUP raises its stop in the agent's main thread. A second
+    one soon after (Slurm signals every process of the step, and the launcher passes the same signal on)
+    raised again inside the first's handling: a `--- Logging error ---` and a traceback on the console, in the
+    middle of the workers' shutdown. Now the first is raised and a repeat ignored: the shutdown goes on, and
+    ends by its own timeout."""
+    raise_stop = processes_api._terminate_process_handler
+    if getattr(raise_stop, "once", False):
+        return
+    stopped: list[int] = []
+
+    def once(signum: int, frame: Any) -> None:
+        if not stopped:
+            stopped.append(signum)
+            raise_stop(signum, frame)
+
+    once.once = True  # type: ignore[attr-defined]
+    processes_api._terminate_process_handler = once  # looked up when torchrun registers its handlers
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_exit_barrier()
+    stop_once()
     if address := os.environ.get(STORE_ADDRESS_ENV):
         bind_stores(address)
     fork_workers()
