@@ -20,7 +20,8 @@ LONGER = {"{{cookiecutter.package_name}}.engine.trainer"}  # the loop and its st
 # The top level: the entry points (the top layer of pyproject.toml's layers contract) and the user's files; the
 # machinery is in folders named after their layer.
 TOP_LAYER = re.search(r'layers = \[\s*"([^"]+)"', (PROJECT / "pyproject.toml").read_text())
-ENTRY_POINTS = {name.strip() for name in TOP_LAYER.group(1).split("|")} if TOP_LAYER else set()
+assert TOP_LAYER, "pyproject.toml's layers contract, whose first layer is the entry points"
+ENTRY_POINTS = {name.strip() for name in TOP_LAYER.group(1).split("|")}
 USERS_FILES = {"models", "tasks", "augment", "callbacks"}
 
 

@@ -186,9 +186,9 @@ class ShardedSet(Dataset):
     shards it read last open (memory-mapped, marked in use in the cache), enough for two windows
     of the sampler's order; they are never pickled: each DataLoader worker opens its own."""
 
-    def __init__(self, root: str, index: dict[str, Any], split: str, cache: ShardCache | None, window: int) -> None:
-        self.root, self.cache, self.shard_window = root.rstrip("/"), cache, window
-        self.kind = shard_kinds()[index["kind"]]
+    def __init__(self, root: str, index: dict[str, Any], split: str, cache: ShardCache | None, window: int,
+                 kind: Any) -> None:  # fmt: skip
+        self.root, self.cache, self.shard_window, self.kind = root.rstrip("/"), cache, window, kind
         self.root = self.root if cache is not None else self.root.removeprefix("file://")
         self.names = [shard["name"] for shard in index["splits"][split]]
         self.shard_bytes = [shard["bytes"] for shard in index["splits"][split]]
@@ -236,8 +236,8 @@ class ShardedSet(Dataset):
         return {**self.__dict__, "opened": OrderedDict()}
 
 
-def read_index(root: str) -> dict[str, Any]:
-    """OUT/index.json of a prepared data set; one line where there is none or it is not one."""
+def read_index(root: str, kinds: dict[str, Any]) -> dict[str, Any]:
+    """OUT/index.json of a prepared data set of one of `kinds`; one line where there is none or it is not one."""
     fs, path = filesystem(root)
     if is_remote(root):
         check_reachable(root, "data.root")
@@ -245,8 +245,8 @@ def read_index(root: str) -> dict[str, Any]:
         index = json.loads(fs.cat_file(f"{path.rstrip('/')}/{INDEX}"))
     except FileNotFoundError:
         raise ConfigError(f"data.root={root} holds no {INDEX}: prepare it first with "
-                          f"`{PREPARE_COMMAND} SOURCE {root} --kind {'|'.join(shard_kinds())}`") from None  # fmt: skip
-    if index.get("format") != FORMAT or index.get("kind") not in shard_kinds():
+                          f"`{PREPARE_COMMAND} SOURCE {root} --kind {'|'.join(kinds)}`") from None  # fmt: skip
+    if index.get("format") != FORMAT or index.get("kind") not in kinds:
         raise ConfigError(f"data.root={root}: {INDEX} is of format {index.get('format')} and kind "
                           f"{index.get('kind')}, this code reads format {FORMAT}: prepare it again")  # fmt: skip
     return index
@@ -262,7 +262,7 @@ def sharded(root: str, cache_dir: str = "", cache_limit_gb: float = 10.0, shard_
     known = {name for kind in kinds.values() for name in kind.sizes}
     if unknown := sorted(set(sizes) - known):
         raise ConfigError(f"data.dataset.{unknown[0]} is not a setting of data=shards: give one of {sorted(known)}")
-    index = read_index(root)
+    index = read_index(root, kinds)
     if shard_window < 1:
         raise ConfigError(f"data.shard_window must be >= 1, got {shard_window}")
     kinds[index["kind"]].check(root, index, sizes)
@@ -274,7 +274,7 @@ def sharded(root: str, cache_dir: str = "", cache_limit_gb: float = 10.0, shard_
                               f" shards of {largest / 1e6:.3g} MB: raise it to at least "
                               f"{shard_window * largest / 1e9:.3g}")  # fmt: skip
         cache = ShardCache(root, cache_folder(cache_dir, root, index["id"]), int(cache_limit_gb * 1e9))
-    train, val = (ShardedSet(root, index, split, cache, shard_window) for split in SPLITS)
+    train, val = (ShardedSet(root, index, split, cache, shard_window, kinds[index["kind"]]) for split in SPLITS)
     train.prepared = val.prepared = {"root": root, "id": index["id"]}  # new at each prepare: a checkpoint records it
     return train, val
 
