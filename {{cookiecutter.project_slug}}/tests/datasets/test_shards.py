@@ -48,6 +48,8 @@ def test_an_image_folder_becomes_shards_of_the_items_image_folder_gives(tmp_path
         train[12]
     with pytest.raises(ConfigError, match="holds 3 classes, data.num_classes=10"):
         sharded(str(out), num_classes=10)
+    with pytest.raises(ConfigError, match=r"^data.dataset.colours is not a setting of data=shards: give one of \["):
+        sharded(str(out), colours=3)  # a key no kind of this project reads: refused, not ignored
     assert prepare(args) == 2, "a prepared data set is never written over"
     prepared_id = json.loads((out / "index.json").read_text())["id"]
     assert train.prepared == {"root": str(out), "id": prepared_id}, "what a checkpoint records of it"
