@@ -91,3 +91,54 @@ def test_exit_now_flushes_what_was_printed_and_skips_the_interpreters_teardown()
     buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # as under a pipe
     proc = subprocess.run(python(code), cwd=PROJECT_DIR, env=buffered, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "trained", "and written")
+
+
+def test_a_data_loader_worker_dies_with_its_rank_and_says_nothing_of_its_death(tmp_path) -> None:
+    """A rank stopped mid-batch (the launcher kills the job after an error no restart can fix): its
+    DataLoader worker, handing it a batch, saw the broken pipe and printed a traceback after the
+    job's one line (multiprocessing's resource_sharer, through sys.excepthook)."""
+    rank = f"""
+        import os, sys, threading, time
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        from {PACKAGE}.engine.data.loader import loader_options
+        from tests.helpers import compose_config, cpu_env
+        from {PACKAGE}.config import to_train_config
+
+        class Talking(Dataset):
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, index):
+                if index == 1:  # as resource_sharer's thread: a word once its rank is gone
+                    rank = os.getppid()
+
+                    def later():
+                        while os.getppid() == rank:
+                            time.sleep(0.005)
+                        try:
+                            raise EOFError
+                        except EOFError:
+                            sys.excepthook(*sys.exc_info())
+
+                    threading.Thread(target=later, daemon=True).start()
+                time.sleep(0.5 if index else 0)  # busy when its rank goes
+                return torch.tensor(os.getpid())
+
+        data = to_train_config(compose_config(["data.num_workers=1", "data.batch_size=1"])).data
+        options = dict(loader_options(data, cpu_env(0, 1), 0), collate_fn=None)
+        batches = iter(DataLoader(Talking(), **options))
+        print(int(next(batches)[0]), flush=True)
+        os._exit(0)  # as a rank stopped by the launcher mid-epoch: no DataLoader shutdown
+    """
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.run(python(rank), cwd=PROJECT_DIR, stdout=stdout, stderr=stderr, timeout=120)
+    assert proc.returncode == 0, err.read_text()
+    worker = int(out.read_text())
+    died = wait_gone(worker, timeout=2)  # torch's own watchdog would notice after up to 5 s
+    if not died:
+        os.kill(worker, signal.SIGKILL)
+    time.sleep(0.6)  # past the worker's grace: a traceback would be written by now
+    assert died, f"the DataLoader worker {worker} outlived its rank"
+    assert "EOFError" not in err.read_text(), err.read_text()

@@ -9,7 +9,8 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
+import time
+from typing import Any, NoReturn
 
 
 def die_with_parent() -> None:
@@ -19,6 +20,22 @@ def die_with_parent() -> None:
 
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def data_worker_start(_worker_id: int) -> None:
+    """A DataLoader worker's first step (its worker_init_fn): it dies with its rank, and says nothing
+    of the rank's death. A rank stopped mid-batch (the launcher kills the job after an error no restart
+    can fix) left its workers alive, and a worker handing it a batch then printed a traceback of the
+    broken pipe (multiprocessing's resource_sharer, through sys.excepthook) after the job's one line."""
+    die_with_parent()
+    rank, said = os.getppid(), sys.excepthook
+
+    def unless_orphaned(*info: Any) -> None:
+        time.sleep(0.5)  # a rank that is dying kills this worker meanwhile (PR_SET_PDEATHSIG)
+        if os.getppid() == rank:
+            said(*info)
+
+    sys.excepthook = unless_orphaned
 
 
 def own_group_dying_with_parent() -> None:

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from ...augment import augment, augment_batch
 from ...common.errors import ConfigError, JobError, first_line
 from ...common.placement import DistEnv
+from ...common.processes import data_worker_start
 from ...config import DataConfig
 from ...config.targets import build, describe, is_map_style
 from ...datasets.collate import Batch
@@ -129,6 +130,7 @@ def loader_options(config: DataConfig, env: DistEnv, seed: int) -> dict:
         # global one at every epoch's start, shifting the dropout masks of a resumed run.
         "generator": torch.Generator().manual_seed(seed),
         "collate_fn": build_collate(config),
+        "worker_init_fn": data_worker_start if workers > 0 else None,
     }
 
 
