@@ -18,6 +18,7 @@ CHOICES = {
     "container": "{{ cookiecutter.container }}",
     "kubernetes": "{{ cookiecutter.kubernetes }}",
     "sweeps": "{{ cookiecutter.sweeps }}",
+    "fsdp": "{{ cookiecutter.fsdp }}",
     "language_model": "{{ cookiecutter.language_model }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
@@ -60,6 +61,20 @@ UNCHOSEN_FILES = {
         "scripts/k8s_job.sh",
         f"{PACKAGE}/launch/modes/kubernetes.py",
         "tests/launch/modes/test_kubernetes.py",
+    ],
+    ("fsdp", "no"): [
+        f"{PACKAGE}/engine/strategies/fsdp.py",
+        f"{PACKAGE}/engine/strategies/hsdp.py",
+        f"{PACKAGE}/engine/checkpoint/sharded.py",
+        f"{PACKAGE}/config/sharding.py",
+        "benchmarks/fsdp_memory.py",
+        "docs/fsdp.md",
+        "tests/engine/strategies/test_fsdp.py",
+        "tests/engine/strategies/test_hsdp.py",
+        "tests/engine/checkpoint/test_sharded.py",
+        "tests/config/test_sharding.py",
+        "tests/e2e/test_fsdp.py",
+        "tests/e2e/test_hsdp.py",
     ],
     ("language_model", "no"): [
         f"{PACKAGE}/models/gpt.py",

@@ -65,6 +65,7 @@ TRACES = {
                            "modes/kubernetes", "modes.kubernetes"],
     ("sweeps", "no"): ["optuna", "SWEEP_DIR", "SUBMIT=", "SUBMIT_ARGS", "sweep_point", "sweeps.md", "cluster_sweep",
                        "results.md"],
+    ("fsdp", "no"): ["fsdp", "hsdp", "fully_shard", "sharded strateg"],
     ("language_model", "no"): ["gpt", "language_model", "language model", "tokeniz", "corpus", "bpe", "generate.py",
                                "checkpoint/hf", "checkpoint.hf", "data=text", "data=tokens", "vocab_from",
                                "text_shards", "transformers>=", "unigram", "val_bpb", "LanguageModel"],
@@ -88,6 +89,7 @@ BAKES = {
     "no_container": {"container": "no"},
     "no_kubernetes": {"kubernetes": "no"},
     "no_sweeps": {"sweeps": "no"},
+    "no_fsdp": {"fsdp": "no"},
     "no_language_model": {"language_model": "no"},
     "default_resnet50": {"default_model": "resnet50"},
     "default_image_folder": {"default_data": "image_folder"},
@@ -96,7 +98,8 @@ BAKES = {
 
 # The bakes whose options take modules and tests that other files could import: collected whole as well.
 # (Every option off at once runs its quick part: test_project_with_every_other_choice_...)
-COLLECTED = ("no_slurm", "no_container", "no_kubernetes", "no_sweeps", "no_language_model", "default_language_model")
+COLLECTED = ("no_slurm", "no_container", "no_kubernetes", "no_sweeps", "no_fsdp", "no_language_model",
+             "default_language_model")  # fmt: skip
 
 
 def bake(tmp_path: Path, extra: dict[str, str]) -> Path:
@@ -255,7 +258,7 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
 def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_path: Path) -> None:
     choices = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11",
                "license": "none", "tensorboard": "no", "mlflow": "no", "wandb": "no", "slurm": "no", "container": "no",
-               "kubernetes": "no", "sweeps": "no", "language_model": "no", "default_model": "resnet18",
+               "kubernetes": "no", "sweeps": "no", "fsdp": "no", "language_model": "no", "default_model": "resnet18",
                "default_data": "cifar10"}  # fmt: skip  # default_task=language_model needs the language model
     project = bake(tmp_path, choices)
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
@@ -263,7 +266,7 @@ def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_pa
     # The fast tests, less those that run the launch scripts (the same scripts the defaults bake tests). What
     # the choices change runs: the configs and their defaults, the launcher, the sinks left or taken out, the
     # datasets, the entry points, the engine's tests of what the language model's went with (a token-weighted
-    # loss, fsdp's blocks, activation checkpointing on models of the tests' own), the layout's and docs' own.
+    # loss, activation checkpointing on models of the tests' own), the layout's and docs' own.
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-k", "not launch_script", "-p", "no:cacheprovider"],
         cwd=project,

@@ -26,11 +26,13 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from {{cookiecutter.package_name}}.config.strategies import BLOCKS as BLOCKS_KEY  # noqa: E402
 from {{cookiecutter.package_name}}.engine.assembly.activation import checkpoint_activations  # noqa: E402
 from {{cookiecutter.package_name}}.engine.assembly.components import build_model  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-BLOCKS = list(OmegaConf.load(CONFIGS / "train.yaml").fsdp.blocks)  # what train.py checkpoints: fsdp.blocks
+# What train.py checkpoints: the classes the BLOCKS key names (where the project has one), else found.
+BLOCKS = list(OmegaConf.select(OmegaConf.load(CONFIGS / "train.yaml"), BLOCKS_KEY) or []) if BLOCKS_KEY else []
 MIB = 2**20
 
 

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from {{cookiecutter.package_name}}.common.processes import exit_now  # noqa: E402
-from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig, FSDPConfig  # noqa: E402
+from {{cookiecutter.package_name}}.config import DDPConfig, DistConfig  # noqa: E402
+from {{cookiecutter.package_name}}.config.sharding import FSDPConfig  # noqa: E402
 from {{cookiecutter.package_name}}.engine.assembly.components import build_model  # noqa: E402
 from {{cookiecutter.package_name}}.engine.distributed.process_group import distributed  # noqa: E402
 from {{cookiecutter.package_name}}.engine.strategies import strategy_class  # noqa: E402

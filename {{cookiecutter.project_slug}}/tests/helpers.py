@@ -34,6 +34,7 @@ from {{cookiecutter.package_name}}.datasets import pad_sequences
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
+from {{cookiecutter.package_name}}.engine.strategies import Strategy, names, strategy_class
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.launch.keys import parse_args
 from {{cookiecutter.package_name}}.launch.plan import plan, worker_environment
@@ -43,6 +44,10 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 # The model configs this project has, as Hydra lists them when one named is not there.
 MODEL_CHOICES = ", ".join(sorted(path.stem for path in (PROJECT_DIR / "configs" / "model").glob("*.yaml")))
 PYTHON = sys.executable
+# The strategies a test that runs "each strategy" takes: each one the project has that is not another on a
+# different mesh (a subclass: its own tests cover what differs).
+STRATEGIES = [name for name in names() if strategy_class(name).__bases__ == (Strategy,)]
+WIDEST = STRATEGIES[-1]  # the one whose paths reach furthest: a sharding strategy where the project has one, else ddp
 
 
 def sinks_on_by_default() -> list[str]:

@@ -1,4 +1,4 @@
-"""callbacks.py, the docs' examples: freezing a backbone until step N trains under ddp and fsdp on two
+"""callbacks.py, the docs' examples: freezing a backbone until step N trains under each strategy on two
 ranks; a figure every K steps and a second validation set reach metrics.jsonl (and eval.py reads a
 checkpoint whose config names them)."""
 
@@ -17,14 +17,14 @@ from {{cookiecutter.package_name}}.datasets import synthetic_images
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 
-from .helpers import TINY, compose_config, on_ranks, trainer
+from .helpers import STRATEGIES, TINY, compose_config, on_ranks, trainer
 
 PACKAGE = "{{cookiecutter.package_name}}"
 FROZEN = "0."  # small_cnn's first convolution block
 
 
 class Snapshots:
-    """Each parameter's local values (a shard under fsdp) after every step."""
+    """Each parameter's local values (a shard under a sharding strategy) after every step."""
 
     def __init__(self) -> None:
         self.after: list[dict[str, torch.Tensor]] = []
@@ -37,7 +37,7 @@ class Snapshots:
 
 
 def local_values(parameter: torch.Tensor) -> torch.Tensor:
-    """This rank's values of a parameter: its shard under fsdp."""
+    """This rank's values of a parameter: its shard where the model is sharded."""
     return (parameter.to_local() if hasattr(parameter, "to_local") else parameter).detach().clone()
 
 
@@ -60,7 +60,7 @@ def freeze_two_steps(env: DistEnv, run_dir: Path, strategy: str) -> list[dict[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_frozen_backbone_stays_put_until_its_step_then_trains(tmp_path: Path, strategy: str) -> None:
     moved = on_ranks(2, freeze_two_steps, tmp_path, strategy)[0]
     for step, changed in enumerate(moved, 1):

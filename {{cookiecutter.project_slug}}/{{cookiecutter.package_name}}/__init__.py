@@ -1,4 +1,4 @@
-"""{{ cookiecutter.project_name }}: distributed training with torchrun, DDP or FSDP, and Hydra.
+"""{{ cookiecutter.project_name }}: distributed training with torchrun, its strategies, and Hydra.
 
 What your own model, data set or task may rely on, importable from the package itself
 (README.md, "Your own model and data"); everything else is the template's inside and may change:

@@ -52,7 +52,7 @@ class LogWeightNorm:
     def on_step_end(self, run: Any) -> None:
         if run.step % self.every == 0:
             norm = nn.utils.get_total_norm([parameter.detach() for parameter in run.model.parameters()])
-            if hasattr(norm, "full_tensor"):  # sharded weights (fsdp): every rank's shards (a collective)
+            if hasattr(norm, "full_tensor"):  # sharded weights: every rank's shards (a collective)
                 norm = norm.full_tensor()
             run.log("weights/norm", norm)
 

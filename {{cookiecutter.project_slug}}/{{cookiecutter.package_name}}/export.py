@@ -1,4 +1,4 @@
-"""One plain weights file from any checkpoint of a run, sharded (fsdp, hsdp) or not (ddp):
+"""One plain weights file from any checkpoint of a run, a folder of shards or one file (ddp):
 `python -m <package>.export CHECKPOINT OUT.pt` (or `OUT.safetensors`), or `<package>-export ...` once installed.
 
 OUT holds the unwrapped model's state dict, tensors only: `model.load_state_dict(torch.load(OUT,

@@ -19,7 +19,7 @@ from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.launch.checks import checked_config
 from {{cookiecutter.package_name}}.launch.keys import LaunchError
 
-from ..helpers import check_launch_for, compose_config, on_ranks, planned, train_one_epoch
+from ..helpers import STRATEGIES, check_launch_for, compose_config, on_ranks, planned, train_one_epoch
 
 # 100 samples in global batches of 12: 9 steps, the last of 4 (split 4 / 2+2 / 2+1+1 over 1, 2, 3 ranks);
 # a checkpoint every 3 steps, where a stage stops.
@@ -99,7 +99,7 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_run_resumed_on_3_ranks_then_on_1_trains_as_the_uninterrupted_2_rank_run(tmp_path: Path, strategy) -> None:
     """A global batch of 12 on 2 ranks (6 each), stopped at step 3, resumed on 3 ranks (4 each) to step 6,
     then on 1 (4 a micro-batch, 3 accumulated: data.micro_batch_size=4) to the epoch's end (step 9, of 4

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints, load_checkpoint
-from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
+from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints, load_checkpoint, shards_reader
 
 from ..helpers import PROJECT_DIR, PYTHON, assert_same, job_env, run
 
@@ -95,7 +94,7 @@ def worker_pid(run_dir: Path, rank: int) -> int:
 
 
 def checkpoint_of(run_dir: Path, step: int) -> Path:
-    """The run's checkpoint of `step`: step_<N>.pt (ddp) or the folder step_<N>/ (fsdp)."""
+    """The run's checkpoint of `step`: step_<N>.pt (ddp) or the folder of shards step_<N>/."""
     file = run_dir / "checkpoints" / f"step_{step:08d}.pt"
     return file if file.exists() else file.with_suffix("")
 
@@ -114,11 +113,11 @@ def set_aside_after(run_dir: Path, first: int) -> tuple[Path, list[int]]:
 
 
 def read_checkpoint(path: Path) -> dict:
-    """A checkpoint as one dict of whole tensors: a ddp file as saved; a folder of shards (fsdp)
+    """A checkpoint as one dict of whole tensors: a ddp file as saved; a folder of shards
     read whole, its optimizer state keyed by parameter name."""
     payload = load_checkpoint(path)
     if path.is_dir():
-        payload = {**payload, **read_whole(path)}
+        payload = {**payload, **shards_reader(path).read_whole(path)}
     return payload
 
 
@@ -167,7 +166,7 @@ def finish_nodes(*procs: subprocess.Popen[str], timeout: float = 240) -> list[st
     return outputs
 
 
-# --- several nodes on this machine (test_multinode.py, test_hsdp.py)
+# --- several nodes on this machine (test_multinode.py, and a strategy's own multi-node test)
 
 
 def fingerprints(run_dir: Path) -> dict[str, str]:

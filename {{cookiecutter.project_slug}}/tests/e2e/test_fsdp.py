@@ -2,9 +2,9 @@
 sharded save, exported and evaluated from its shards (models of repeated blocks sharded one by one,
 in-process: tests/engine/strategies/test_fsdp.py). A run switched to ddp and back, each way resumed with the
 weights and the optimizer state it was saved with: tests/engine/strategies/test_fsdp.py; a sharded
-checkpoint resumed on another world size, each sample once, bit for bit: tests/engine/test_trainer.py
+checkpoint resumed on another world size, each sample once, bit for bit: that file too
 (in bf16, the shards stay fp32: tests/engine/strategies/test_fsdp.py); a newest checkpoint whose shard
-was cut in half set aside for the one before, on two ranks: tests/engine/checkpoint/test_manager.py."""
+was cut in half set aside for the one before, on two ranks: tests/engine/checkpoint/test_sharded.py."""
 
 from __future__ import annotations
 

@@ -5,11 +5,11 @@ world size: tests/engine/test_evaluate.py (a token-weighted metric over every to
 ranks), and eval.py through torchrun on 3 processes, the same path for every task: tests/e2e/test_training.py.
 
 The other models and strategies, each killed for real by a test of its own: small_cnn under ddp
-(tests/e2e/test_resume.py, killed three times, torchrun restarting it), gpt under fsdp (tests/e2e/test_fsdp.py,
-killed during a sharded save), a user's model with dropout (test_own_model.py), hsdp (test_hsdp.py). The
-state each model and strategy carries across a resume, bit for bit, in-process on two ranks: resnet50 under
-ddp and resnet18 under fsdp (tests/engine/test_trainer.py), small_cnn under both, on another world size too
-(the same file), a callback's per-rank state under both (tests/engine/test_callbacks.py)."""
+(tests/e2e/test_resume.py, killed three times, torchrun restarting it), a user's model with dropout
+(test_own_model.py), and each other strategy the project has (tests/e2e/test_<strategy>.py). The state each
+model and strategy carries across a resume, bit for bit, in-process on two ranks: tests/engine/test_trainer.py,
+on another world size too (the same file), a callback's per-rank state under each strategy
+(tests/engine/test_callbacks.py)."""
 
 from __future__ import annotations
 

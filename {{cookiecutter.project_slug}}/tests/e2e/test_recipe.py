@@ -1,7 +1,7 @@
 """The training recipe through scripts/run_single.sh, as users run it (docs/recipe.md): early stopping
 on 2 processes (every rank at one step, exit 0), the best checkpoint
 exported and fine-tuned from with a new 3-class head, a step-counted run with validations, keep_best,
-the EMA and a torch scheduler under fsdp that goes on on another number of processes. Early stopping
+the EMA and a torch scheduler under the widest strategy that goes on on another number of processes. Early stopping
 decided by the global figures on every rank: tests/engine/test_recipe.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import PYTHON, run
+from ..helpers import PYTHON, WIDEST, run
 from .jobs import checkpoint_of, finish, read_checkpoint, read_metrics, start, steps_saved
 
 pytestmark = pytest.mark.slow
@@ -54,11 +54,12 @@ RECIPE = [*IMAGES, "data.num_classes=3", "data.train_size=640", "data.batch_size
 
 
 def test_a_fine_tuned_recipe_run_goes_on_on_another_number_of_processes(best_weights: Path, tmp_path: Path) -> None:
-    """Under fsdp, from the exported best weights with a new head: validations, keep_best, the EMA and a torch
-    scheduler; then the same run goes on on one process, its shards and EMA resharded, init_from not read.
-    A recipe run killed between validations ends as the uninterrupted one: tests/engine/test_recipe.py (ddp
-    and fsdp on two gloo ranks, and alone); a real SIGKILL and torchrun's restart: tests/e2e/test_resume.py."""
-    job = [*RECIPE, "strategy=fsdp", f"model.init_from={best_weights}"]
+    """Under the widest strategy (helpers.WIDEST), from the exported best weights with a new head: validations,
+    keep_best, the EMA and a torch scheduler; then the same run goes on on one process, its shards and EMA
+    resharded where they are sharded, init_from not read. A recipe run killed between validations ends as the
+    uninterrupted one: tests/engine/test_recipe.py (each strategy on two gloo ranks, and alone); a real
+    SIGKILL and torchrun's restart: tests/e2e/test_resume.py."""
+    job = [*RECIPE, f"strategy={WIDEST}", f"model.init_from={best_weights}"]
     run_dir = tmp_path / "run"
     code, output = finish(start(run_dir, 2, *job))
     head = "skipped, shape differs: 7.weight [10, 32]->[3, 32], 7.bias [10]->[3]"

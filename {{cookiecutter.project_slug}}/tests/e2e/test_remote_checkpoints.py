@@ -15,8 +15,8 @@ import pytest
 
 from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 
-from ..helpers import SMALL, run
-from .jobs import assert_bit_identical, finish, start, wait_for
+from ..helpers import SMALL, WIDEST, run
+from .jobs import assert_bit_identical, checkpoint_of, finish, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 JOB = [*SMALL, "data.image_size=32", "trainer.epochs=2", "checkpoint.every_n_steps=4", "checkpoint.keep_last=2"]
 # Every checkpoint kept: the relaunch's copy of the step set aside is compared at the end (keep_last=2 in the
 # store: tests/engine/checkpoint/test_store.py).
-SHARDED = [*JOB, "strategy=fsdp", "checkpoint.keep_last=20"]
+SHARDED = [*JOB, f"strategy={WIDEST}", "checkpoint.keep_last=20"]  # a folder of shards where the project has them
+SUFFIX = "" if WIDEST != "ddp" else ".pt"  # a checkpoint's name in the store
 LAST_STEP = 32
 
 
@@ -50,23 +51,23 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_bit_for_bit(s3_ser
     # The reference is the killed run itself: its newest checkpoint is taken out of the store and set aside,
     # so that the relaunch resumes from the one before and must redo that step bit for bit.
     store, aside = CheckpointStore(url, retry_s=5), tmp_path / "aside"
-    store.download(f"step_{saved:08d}", aside / "checkpoints")
-    store.remove(f"step_{saved:08d}")
+    store.download(f"step_{saved:08d}{SUFFIX}", aside / "checkpoints")
+    store.remove(f"step_{saved:08d}{SUFFIX}")
     resumed = max(store_steps(url))
     shutil.rmtree(killed)  # the machine is gone: nothing of the run is left on any local disk
     # (Another run given the same prefix is refused, in one line before any work: test_owner.py[store] and
-    # test_checks.py; a resume on another world size, every sample once: test_trainer.py, e2e/test_resume.py.)
+    # test_checks.py; a resume on another world size, every sample once: config/test_batches.py, e2e/test_resume.py.)
 
     # Relaunched elsewhere (the same RUN_DIR, an empty disk): the newest checkpoint comes down, bit for bit.
     again = killed
     code, output = finish(start(again, 2, *SHARDED, f"checkpoint.dir={url}"))
     assert code == 0, output[-3000:]
-    assert f"resumed from {again / 'checkpoints' / f'step_{resumed:08d}'}" in output
+    assert f"resumed from {checkpoint_of(again, resumed)}" in output
     # brought down by the workers' start checks, then the local copy of the store's newest (remote_checkpoints.md)
-    assert f"the store (the store's newest: {url}/step_{resumed:08d})" in output, output[-3000:]
+    assert f"the store (the store's newest: {url}/step_{resumed:08d}{SUFFIX})" in output, output[-3000:]
     assert_bit_identical(aside, again, saved)
     assert store_steps(url) == list(range(LAST_STEP, 0, -4)), "every checkpoint up once, the one set aside again"
-    assert fs.exists(f"{url.removeprefix('s3://')}/step_{LAST_STEP:08d}/trainer.pt")
+    assert fs.exists(f"{url.removeprefix('s3://')}/step_{LAST_STEP:08d}{SUFFIX or '/trainer.pt'}")
 
     # The store lost in the middle of a run: retried for checkpoint.store_retry_s, then one line.
     # Epochs to spare: the job must still be saving when the store goes, however slow the polling is.

@@ -1,5 +1,5 @@
-"""engine/blocks.py: the blocks that activation checkpointing recomputes and fsdp shards one by one
-(tests/engine/assembly/test_activation.py and tests/engine/strategies/test_fsdp.py use them)."""
+"""engine/blocks.py: the blocks that activation checkpointing recomputes and a sharding strategy shards
+one by one (tests/engine/assembly/test_activation.py and the strategies' tests use them)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,6 @@ def test_the_blocks_are_the_repeated_units_or_the_named_classes() -> None:
     assert find_blocks(SmallCNN(num_classes=3), []) == []  # the root only
     with pytest.raises(ConfigError) as error:  # a typo would shard nothing block by block: the whole model at once
         find_blocks(stack, ["Blok"])
-    assert str(error.value).startswith("fsdp.blocks=['Blok'] names no class Stack has: name its repeated blocks' ")
+    assert str(error.value).startswith("blocks=['Blok'] names no class Stack has: name its repeated blocks' ")
     assert "(it has Block, " in str(error.value)
     assert find_blocks(stack, ["Block", "Bottleneck"]) == list(stack.blocks), "a list for several models"

@@ -1,5 +1,5 @@
 """engine/callbacks.py: the config's callbacks composed from the command line, their events in order, their
-per-rank state across a resume on two ranks (ddp and fsdp), and the one line of a callback that raises.
+per-rank state across a resume on two ranks (under each strategy), and the one line of a callback that raises.
 The examples of <package>/callbacks.py: tests/test_callbacks.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 
-from ..helpers import TINY, assert_same, compose_config, on_ranks, train_stop_resume, trainer
+from ..helpers import STRATEGIES, TINY, assert_same, compose_config, on_ranks, train_stop_resume, trainer
 
 HERE = __name__  # tests.engine.test_callbacks: the callbacks below, named by _target_
 
@@ -141,7 +141,7 @@ def mean_state(trained: Trainer) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_callbacks_own_state_resumes_bit_exactly_on_each_of_two_ranks(tmp_path: Path, strategy: str) -> None:
     callback = [f"strategy={strategy}", f"+callbacks.mean._target_={HERE}.NoisyMean", "+callbacks.mean.seed=7"]
     ranks = on_ranks(2, train_stop_resume, tmp_path, callback, mean_state)

@@ -1,5 +1,6 @@
 """engine/ema.py: the average after each step, the weights swapped in for a validation and back, its
-state by parameter name (a whole tensor laid out as a live shard where fsdp holds the model)."""
+state by parameter name (a whole tensor laid out as a live shard where a sharding strategy holds the
+model)."""
 
 from __future__ import annotations
 

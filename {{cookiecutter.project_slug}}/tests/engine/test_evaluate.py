@@ -1,5 +1,6 @@
 """evaluate.py in this process: exact means over the whole set, from shards that add up at any world size;
-the trainer's validation under fsdp, whose forwards are collectives, on two ranks."""
+on up to 3 ranks, the same figures in lock step (a filler forward on a rank with fewer batches) and under
+each strategy, as the trainer validates. (A sharding strategy's own validation: tests/engine/strategies/.)"""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from {{cookiecutter.package_name}}.engine.evaluate import EvalResult, evaluate, 
 from {{cookiecutter.package_name}}.engine.strategies import build_strategy
 from {{cookiecutter.package_name}}.tasks import IGNORE, Classification
 
-from ..helpers import SMALL, BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
+from ..helpers import SMALL, STRATEGIES, BagOfTokens, compose_config, cpu_env, on_ranks, sequence_data
 
 CPU = torch.device("cpu")
 
@@ -99,20 +100,6 @@ def test_the_result_reads_as_metrics_jsonl_and_the_console_take_it() -> None:
     assert result.loss == 0.5
     assert result.record() == {"val_loss": 0.5, "val_acc": 0.25, "val_samples": 999}
     assert result.line() == "val_loss=0.500000 val_acc=0.250000 val_samples=999"
-
-
-def fsdp_validation(env, run_dir) -> EvalResult:  # noqa: ANN001
-    """5 samples in batches of 2 on 2 ranks: rank 0 has 2 batches, rank 1 one, and every forward gathers
-    the shards, so the trainer must validate in lock step (a filler forward on rank 1) or hang."""
-    overrides = [*SMALL, "data.image_size=32", "strategy=fsdp", "data.train_size=16", "data.val_size=5",
-                 "data.batch_size=2"]  # fmt: skip
-    return build_trainer(to_train_config(compose_config(overrides)), env, run_dir).validate()
-
-
-@pytest.mark.slow
-def test_validation_under_fsdp_runs_as_many_forwards_on_every_rank_and_counts_each_sample_once(tmp_path) -> None:
-    first, second = on_ranks(2, fsdp_validation, tmp_path, timeout=60)
-    assert first == second and first.samples == 5 and first.metrics["loss"] > 0
 
 
 class WeightedLoss(Classification):
@@ -268,10 +255,10 @@ SCORED = [*SMALL, "data.image_size=32", "data.num_classes=3", "data.train_size=1
 
 
 def scored_validation(env, strategy: str) -> EvalResult:  # noqa: ANN001
-    """The validation as the trainer runs it under `strategy` (its model as the strategy holds it; fsdp in lock
-    step). 25 samples in batches of 4: shards of 12 and 13 (3 and 4 batches), or 8, 8 and 9 (2, 2 and 3): fsdp
-    runs filler forwards on the shorter ones, whose outputs must not be gathered. (No whole trainer: its
-    optimizer imports torch._dynamo, seconds in each rank's process.)"""
+    """The validation as the trainer runs it under `strategy` (its model as the strategy holds it; in lock step
+    where its forwards are collectives). 25 samples in batches of 4: shards of 12 and 13 (3 and 4 batches), or
+    8, 8 and 9 (2, 2 and 3): a lock-step strategy runs filler forwards on the shorter ones, whose outputs must
+    not be gathered. (No whole trainer: its optimizer imports torch._dynamo, seconds in each rank's process.)"""
     config = to_train_config(compose_config([*SCORED, f"strategy={strategy}"]))
     torch.manual_seed(config.seed)
     strategy = build_strategy(config, env)
@@ -296,7 +283,7 @@ def whole_set_figures() -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_epoch_metrics_over_the_gathered_set_equal_scikit_learns_at_world_sizes_1_2_and_3(strategy: str) -> None:
     expected = whole_set_figures()
     assert 0.1 < expected["auroc"] < 0.9 and expected["f1"] > 0.2, "figures that move when a sample is counted twice"

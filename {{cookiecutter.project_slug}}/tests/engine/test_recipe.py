@@ -18,7 +18,7 @@ from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 
-from ..helpers import CPU, TINY, assert_same, compose_config, on_ranks
+from ..helpers import CPU, STRATEGIES, TINY, assert_same, compose_config, on_ranks
 
 RECIPE = [
     "data.train_size=48", "data.batch_size=4", "trainer.max_steps=10", "trainer.val_every_n_steps=3",
@@ -83,7 +83,7 @@ def recipe_on_two_ranks(env: DistEnv, tmp_path: Path, strategy: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_ema_and_the_recipe_resume_exactly_on_two_ranks(tmp_path: Path, strategy: str) -> None:
     ranks = on_ranks(2, recipe_on_two_ranks, tmp_path, strategy)
     assert_same(ranks[0]["resumed"], ranks[0]["whole"], f"{strategy}: the resumed run on rank 0")

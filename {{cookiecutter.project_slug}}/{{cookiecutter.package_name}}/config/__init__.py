@@ -6,6 +6,8 @@ Imported by launcher and workers alike: no torch here."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .commands import PredictConfig
 from .compose import (
     CONFIG_GROUPS,
@@ -16,18 +18,18 @@ from .compose import (
     to_train_config,
 )
 from .schema import (
+    STRATEGY_SECTIONS,
     CheckpointConfig,
     DataConfig,
     DDPConfig,
     DistConfig,
     EvalConfig,
-    FSDPConfig,
-    HSDPConfig,
     LogConfig,
     TrainConfig,
     TrainerConfig,
 )
-from .values import COMM_HOOKS, PRECISIONS, STRATEGY_SECTIONS, config_dir, require_choice, step_range
+from .strategies import STRATEGY_MODULES
+from .values import COMM_HOOKS, PRECISIONS, config_dir, require_choice, step_range
 
 __all__ = [
     "COMM_HOOKS",
@@ -39,8 +41,6 @@ __all__ = [
     "DataConfig",
     "DistConfig",
     "EvalConfig",
-    "FSDPConfig",
-    "HSDPConfig",
     "LogConfig",
     "PredictConfig",
     "TrainConfig",
@@ -54,3 +54,12 @@ __all__ = [
     "to_plain_dict",
     "to_train_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A name of this package's optional modules (their `__all__`: config/sharding.py's sections, where the
+    project has it), as `<package>.config.<Name>` imported it before they had modules of their own."""
+    for module in STRATEGY_MODULES:
+        if name in getattr(module, "__all__", ()):
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

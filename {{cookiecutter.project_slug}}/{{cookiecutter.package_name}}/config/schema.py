@@ -11,13 +11,12 @@ from typing import Any
 from omegaconf import MISSING
 
 from .batches import global_batch_keys
+from .strategies import STRATEGY_SECTIONS, check_strategy_options, with_strategy_sections
 from .values import (
     BACKENDS,
     COMM_HOOKS,
-    LOSS_SCALING,
     MONITOR_MODES,
     PRECISIONS,
-    STRATEGY_SECTIONS,
     flag,
     number,
     require,
@@ -168,21 +167,6 @@ class DDPConfig:
 
 
 @dataclass
-class FSDPConfig:
-    blocks: list[str] = MISSING
-    reshard_after_forward: bool = MISSING
-    cpu_offload: bool = MISSING
-
-
-@dataclass
-class HSDPConfig:
-    shard_size: int = MISSING
-
-    def check(self) -> None:
-        require(self.shard_size >= 0, f"hsdp.shard_size must be >= 0 (0: each node's processes), got {self.shard_size}")
-
-
-@dataclass
 class DistConfig:
     backend: str = MISSING
     timeout_s: int = MISSING
@@ -244,6 +228,7 @@ class LogConfig(dict):
 
 
 @dataclass
+@with_strategy_sections
 class TrainConfig:
     seed: int = MISSING
     model: Any = MISSING  # _target_ (returns an nn.Module) and its arguments
@@ -257,8 +242,6 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: Any = MISSING  # a LogConfig once checked: its keys are train.yaml's
     strategy: str = MISSING
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    hsdp: HSDPConfig = field(default_factory=HSDPConfig)
     trust_checkpoint: bool = False  # engine/checkpoint/trust.py
     callbacks: Any = field(default_factory=dict)  # name -> _target_ and its arguments (engine/callbacks.py)
 
@@ -271,28 +254,6 @@ class TrainConfig:
             f"model.init_from={init_from} starts a new run from weights, and checkpoint.resume="
             f"{self.checkpoint.resume} continues another run: give one of them",
         )
-
-
-def check_strategy_options(config: TrainConfig) -> None:
-    """What the chosen strategy cannot do: fp16 without loss scaling, and the options of sections it
-    does not read (another strategy's, which it would ignore)."""
-    require(
-        config.trainer.precision != "fp16" or config.strategy in LOSS_SCALING,
-        f"trainer.precision=fp16 needs loss scaling, which strategy={config.strategy} does not do: use "
-        "trainer.precision=bf16 (fp32's range, no scaling needed)",
-    )
-    read = STRATEGY_SECTIONS[config.strategy]
-    defaults = train_defaults()
-    for strategy, sections in STRATEGY_SECTIONS.items():
-        for section in (section for section in sections if section not in read):
-            for key, value in vars(getattr(config, section)).items():
-                if (section, key) == ("fsdp", "blocks") and config.trainer.activation_checkpointing:
-                    continue  # the blocks activation checkpointing recomputes, under every strategy
-                require(
-                    defaults[section].get(key) == value,
-                    f"{section}.{key}={value} is a {section.upper()} option, and strategy={config.strategy} does not "
-                    f"use it: drop it, or use strategy={strategy}",
-                )
 
 
 @dataclass

@@ -44,10 +44,7 @@ BACKENDS = ("auto", "nccl", "gloo", "mpi")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 MONITOR_MODES = ("min", "max")
-# Each strategy (engine/strategies/<name>.py) and the config sections it reads. A section no chosen
-# strategy reads, set to anything but train.yaml's value, would be silently ignored: it is refused.
-STRATEGY_SECTIONS = {"ddp": ("ddp",), "fsdp": ("fsdp",), "hsdp": ("fsdp", "hsdp")}
-LOSS_SCALING = ("ddp",)  # fp16 needs a loss scale; the sharded strategies use bf16, fp32's range, instead
+LOSS_SCALING = ("ddp",)  # fp16 needs a loss scale; the others use bf16 (fp32's range) instead
 
 
 def whole_number(key: str, value: Any, least: int) -> int:

@@ -1,6 +1,7 @@
 """A model's repeated blocks: the units activation checkpointing recomputes (assembly/activation.py)
-and fsdp shards one by one (strategies/fsdp.py), so that one setting, fsdp.blocks, means the same
-under every strategy: the modules of the classes it names, else the model's own repeated units."""
+and a sharding strategy shards one by one, so that one setting (config/strategies.py's BLOCKS, where the
+project has such a strategy) means the same under every strategy: the modules of the classes it
+names, else the model's own repeated units."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from torch import nn
 from ..common.errors import ConfigError
 
 
-def find_blocks(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
-    """The modules to shard one by one: those of the named classes, else the model's repeated units
-    (the items of its ModuleLists, a torchvision ResNet's layer1..layer4)."""
+def find_blocks(model: nn.Module, class_names: list[str], key: str = "blocks") -> list[nn.Module]:
+    """The blocks: the modules of the classes that `key` names (`class_names`), else the model's repeated
+    units (the items of its ModuleLists, a torchvision ResNet's layer1..layer4)."""
     if class_names:
         present = {type(module).__name__ for module in model.modules()}
         if not present & set(class_names):  # a typo would gather the whole model at once, said only in passing
             raise ConfigError(  # (one list may name the blocks of several models: [BasicBlock,Bottleneck])
-                f"fsdp.blocks={list(class_names)} names no class {type(model).__name__} has: name its repeated "
+                f"{key}={list(class_names)} names no class {type(model).__name__} has: name its repeated "
                 f"blocks' classes (it has {', '.join(sorted(present)[:12])}), or [] for the automatic ones"
             )
         return [module for module in model.modules() if type(module).__name__ in class_names]

@@ -2,7 +2,7 @@
 
 After every optimizer step, average = decay * average + (1 - decay) * weights (until
 `trainer.ema.start_step` the average is the weights themselves). The average has the parameters'
-own layout: whole tensors under ddp, each rank's shards under fsdp and hsdp (DTensors), so it is
+own layout: whole tensors under ddp, each rank's shards under a sharding strategy (DTensors), so it is
 sharded with the model and checkpointed with it (`ema`, by parameter name; in a folder of shards,
 by DCP). Buffers (BatchNorm statistics) are the model's own: they are not averaged.
 """

@@ -63,7 +63,7 @@ def evaluate(
     """The task's metrics over the whole evaluation set, the same on every rank.
 
     Pass the unwrapped model: DDP's forward would broadcast buffers and expect every rank
-    to run the same number of forwards, which uneven shards do not. A sharded model (fsdp)
+    to run the same number of forwards, which uneven shards do not. A sharded model
     gathers its parameters in every forward, so every rank must run as many: `lockstep`
     pads the shorter shards with forwards of one sample whose figures are dropped.
     """

@@ -252,7 +252,7 @@ class Trainer:
     def interval_sums(self, interval: Interval) -> list[float]:
         # One all-reduce and one read-back per log line: the loss summed over the ranks, the gradient
         # norm (the same on every rank) and the items of a (total, count) loss with it, on the loss's
-        # device (fsdp.cpu_offload's is the CPU); the empty steps (the same on every rank) after it.
+        # device (the CPU where the shards are offloaded there); the empty steps (the same on every rank) after it.
         grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
         figures = [interval.loss_sum, grad_norms.to(interval.loss_sum), interval.items.to(interval.loss_sum)]
         sums = torch.cat([all_reduce_sum(torch.stack(figures)), interval.empty.to(interval.loss_sum)[None]]).tolist()
@@ -418,7 +418,7 @@ class StepRunner:
     casts, and what follows each step.
 
     A step runs `grad_accum_steps` micro-batches. Every backward but the last runs with the strategy's
-    gradient reduction off (DDP's `no_sync()`, FSDP's gradient sync), so gradients are reduced once per
+    gradient reduction off (DDP's `no_sync()`, a sharding strategy's gradient sync), so gradients are reduced once per
     optimizer step, over the sum of all the micro-batches' gradients: the gradient of one big batch, at
     the memory cost of a small one."""
 
@@ -472,7 +472,7 @@ class StepRunner:
 
     def pair_backward(self, total: torch.Tensor, count: Any, real: torch.Tensor) -> torch.Tensor:
         """Backward of a (total, count) loss as it is: the step's gradients are the sums of the totals'
-        (DDP and FSDP average them over the ranks), scaled once the step's global count is known
+        (every strategy averages them over the ranks), scaled once the step's global count is known
         (`rescale`, before clipping and the optimizer step). The sampler's padding (a micro-batch of
         one sample of weight 0) counts nothing and adds nothing, but runs its backward as every rank must."""
         total = total * real  # 0 for padding: its gradient is zero, its graph still reaches every parameter
@@ -497,7 +497,7 @@ class StepRunner:
             if param.grad is not None:
                 grad = param.grad.to_local() if is_sharded(param.grad) else param.grad
                 grads.setdefault(grad.device, []).append(grad)
-        for device, tensors in grads.items():  # fsdp.cpu_offload: the gradients are on the CPU
+        for device, tensors in grads.items():  # shards offloaded to the CPU: their gradients are there
             torch._foreach_mul_(tensors, factor.to(device))
 
     def optimizer_step(self) -> torch.Tensor:
@@ -513,7 +513,7 @@ class StepRunner:
             norm = nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         else:  # the same norm clipping computes (frozen parameters have no gradient: left out)
             norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        if is_sharded(norm):  # sharded gradients (fsdp): the norm over every rank's shards
+        if is_sharded(norm):  # sharded gradients: the norm over every rank's shards
             norm = norm.full_tensor()
         self.scaler.step(self.optimizer)
         self.scaler.update()

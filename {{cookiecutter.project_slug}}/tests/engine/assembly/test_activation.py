@@ -3,13 +3,18 @@ and gradients, fewer tensors kept for the backward, the same parameter names; no
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError
+from {{cookiecutter.package_name}}.config.strategies import BLOCKS
 from {{cookiecutter.package_name}}.engine.assembly.activation import checkpoint_activations
 from {{cookiecutter.package_name}}.models import SmallCNN
+
+from ...helpers import STRATEGIES
 
 
 class Block(nn.Module):
@@ -76,8 +81,9 @@ def test_recomputed_blocks_give_the_same_loss_and_gradients_and_keep_less() -> N
 
 
 def test_a_model_without_repeated_blocks_is_refused_in_one_line() -> None:
-    with pytest.raises(ConfigError, match=r"SmallCNN has no repeated blocks to recompute .* fsdp.blocks=\[...\]"):
-        checkpoint_activations(SmallCNN(num_classes=3), [])
+    name_them = rf"name their classes in {re.escape(BLOCKS)}=\[...\], or drop it" if BLOCKS else "drop it"
+    with pytest.raises(ConfigError, match=rf"SmallCNN has no repeated blocks to recompute \(.*\): {name_them}$"):
+        checkpoint_activations(SmallCNN(num_classes=3), [], BLOCKS)
     assert len(checkpoint_activations(SmallCNN(num_classes=3), ["Sequential"])) == 3, "named classes are found"
 
 
@@ -103,7 +109,7 @@ def one_step(env, tmp_path, strategy: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_under_each_strategy_a_step_with_recomputation_is_the_step_without(tmp_path, strategy: str) -> None:
     from ...helpers import on_ranks
 

@@ -12,8 +12,9 @@ from torch import nn
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.engine.assembly.init_weights import fit_weights, initialise_from, read_weights
+from {{cookiecutter.package_name}}.engine.checkpoint.files import list_checkpoints
 
-from ...helpers import CPU, on_ranks
+from ...helpers import CPU, STRATEGIES, WIDEST, on_ranks
 
 
 def net(classes: int) -> nn.Module:
@@ -137,38 +138,31 @@ def train(env: DistEnv, run_dir: Path, *overrides: str) -> dict[str, torch.Tenso
 
 
 def fine_tune(env: DistEnv, sources: dict[str, Path], run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
-    """A 3-class run under each strategy from its source (ddp from an export, fsdp from a folder of shards)."""
+    """A 3-class run under each strategy from its source (an export, or the checkpoint itself)."""
     return {strategy: train(env, run_dir / strategy, f"strategy={strategy}", "data.num_classes=3",
                             f"model.init_from={source}") for strategy, source in sources.items()}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def ema_folder(tmp_path_factory) -> Path:
-    """A 10-class fsdp run's folder of shards (one rank), which kept an EMA of its weights."""
+def ema_checkpoint(tmp_path_factory) -> Path:
+    """A 10-class run's checkpoint (one rank, under the strategy whose checkpoints reach furthest: a folder of
+    shards where the project has one), which kept an EMA of its weights."""
     run_dir = tmp_path_factory.mktemp("source")
-    on_ranks(1, train, run_dir, "strategy=fsdp", "trainer.ema.decay=0.5")
-    return run_dir / "checkpoints" / "step_00000002"
+    on_ranks(1, train, run_dir, f"strategy={WIDEST}", "trainer.ema.decay=0.5")
+    return list_checkpoints(run_dir / "checkpoints")[0]
 
 
 @pytest.mark.slow
-def test_a_folder_of_shards_that_kept_an_ema_gives_its_average(ema_folder: Path) -> None:
-    from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
-
-    whole, read = read_whole(ema_folder), read_weights(ema_folder)
-    assert whole["ema"].keys() < read.keys() and read.keys() == whole["model"].keys()
-    assert all(torch.equal(read[name], whole["ema"][name]) for name in whole["ema"])
-    assert not all(torch.equal(whole["model"][name], whole["ema"][name]) for name in whole["ema"]), "not the weights"
-
-
-@pytest.mark.slow
-def test_fine_tuning_under_ddp_and_fsdp_starts_from_the_weights_but_the_new_head(ema_folder, tmp_path) -> None:
-    """Two ranks; under ddp from the folder's .safetensors export, under fsdp from the folder itself."""
+def test_fine_tuning_under_each_strategy_starts_from_the_weights_but_the_new_head(ema_checkpoint, tmp_path) -> None:
+    """Two ranks; under ddp from the checkpoint's .safetensors export, under each other strategy from the
+    checkpoint itself."""
     from {{cookiecutter.package_name}}.export import export
 
-    export(ema_folder, tmp_path / "weights.safetensors")
-    sources = {"ddp": tmp_path / "weights.safetensors", "fsdp": ema_folder}
+    export(ema_checkpoint, tmp_path / "weights.safetensors")
+    sources = {strategy: tmp_path / "weights.safetensors" if strategy == "ddp" else ema_checkpoint
+               for strategy in STRATEGIES}  # fmt: skip
     started = on_ranks(2, fine_tune, sources, tmp_path)[0]
-    expected = read_weights(ema_folder)
+    expected = read_weights(ema_checkpoint)
     for strategy, weights in started.items():
         head = {name for name in weights if weights[name].shape != expected[name].shape}
         assert head == {"7.weight", "7.bias"}, (strategy, head)  # 10 classes -> 3: initialised afresh

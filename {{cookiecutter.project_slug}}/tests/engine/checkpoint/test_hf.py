@@ -1,5 +1,5 @@
 """engine/checkpoint/hf.py: the GPT as a Hugging Face GPT-2 that transformers loads with the same logits, and a
-GPT-2 that transformers made as model.init_from, fine-tuned under ddp and fsdp. Offline: nothing is downloaded."""
+GPT-2 that transformers made as model.init_from, fine-tuned under each strategy. Offline: nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from {{cookiecutter.package_name}}.engine.distributed.process_group import weigh
 from {{cookiecutter.package_name}}.export import main
 from {{cookiecutter.package_name}}.models import GPT, SmallCNN
 
-from ...helpers import CPU, compose_config, on_ranks
+from ...helpers import CPU, STRATEGIES, compose_config, on_ranks
 from ...test_export import write_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -114,7 +114,7 @@ def fine_tune(env: DistEnv, folder: Path, run_dir: Path) -> dict[str, dict[str, 
     from ...helpers import compose_config
 
     started = {}
-    for strategy in ("ddp", "fsdp"):
+    for strategy in STRATEGIES:
         overrides = [*JOB, f"strategy={strategy}", f"model.init_from={folder}"]
         trainer = build_trainer(to_train_config(compose_config(overrides)), env, run_dir / strategy)
         started[strategy] = {name: tensor.clone() for name, tensor in trainer.strategy.full_weights().items()}
@@ -123,7 +123,7 @@ def fine_tune(env: DistEnv, folder: Path, run_dir: Path) -> dict[str, dict[str, 
 
 
 @pytest.mark.slow
-def test_a_gpt2_made_by_transformers_is_fine_tuned_under_ddp_and_fsdp(hf_gpt2: Path, tmp_path: Path) -> None:
+def test_a_gpt2_made_by_transformers_is_fine_tuned_under_each_strategy(hf_gpt2: Path, tmp_path: Path) -> None:
     started = on_ranks(2, fine_tune, hf_gpt2, tmp_path)[0]
     tokens = torch.randint(0, 256, (2, 64))
     expected = hf_logits(hf_gpt2, tokens)

@@ -1,7 +1,7 @@
 """engine/checkpoint/manager.py through a Trainer in this process: a checkpoint's state loads back exactly,
 and one of a newer format is refused in one line; a save says how long it held training and never
-writes non-finite weights; a resume says where it resumed from and what settings it changed, claims
-checkpoint.dir for its run, and passes over a sharded checkpoint that does not load."""
+writes non-finite weights; a resume says where it resumed from and what settings it changed, and claims
+checkpoint.dir for its run."""
 
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
-from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import FORMAT_VERSION, list_checkpoints
 from {{cookiecutter.package_name}}.engine.preemption import StopOnSigterm
 
-from ...helpers import TINY, assert_same, compose_config, on_ranks, train_one_epoch, trainer
+from ...helpers import assert_same, trainer
 
 
 def test_load_state_dict_is_the_exact_inverse_of_state_dict(tmp_path: Path) -> None:
@@ -91,43 +89,3 @@ def test_a_resume_claims_checkpoint_dir_for_its_run_and_another_run_is_refused(t
     trainer(tmp_path / "a", f"checkpoint.dir={shared}")  # the same run, relaunched
     with pytest.raises(ConfigError, match=f"checkpoint.dir={shared} belongs to the run in "):
         trainer(tmp_path / "b", f"checkpoint.dir={shared}")
-
-
-def resume_past_a_corrupt_shard(env, run_dir: Path) -> tuple[int, list[str]]:
-    """Sharded checkpoints at steps 2 and 4 of a 6-step epoch; rank 1's shard of the newest cut in half;
-    a relaunch, whose writer renames the checkpoint it sets aside only once the resume is done: the
-    latest any rank can see the rename (a rank that looks for the one before sooner must skip it itself)."""
-    from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
-
-    overrides = [*TINY, "data.batch_size=8", "strategy=fsdp", "checkpoint.every_n_steps=2"]
-    config = to_train_config(compose_config(overrides))
-    trained = build_trainer(config, env, run_dir)
-    train_one_epoch(trained)
-    torch.distributed.barrier()
-    if env.rank == 0:
-        shard = run_dir / "checkpoints" / "step_00000004" / "__1_0.distcp"
-        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    torch.distributed.barrier()
-    heard: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("{{cookiecutter.package_name}}.engine.checkpoint.manager").addHandler(handler)
-    held_back, set_aside = [], Checkpointer.set_aside
-    Checkpointer.set_aside = lambda writer, path: held_back.append((writer, path))  # type: ignore[method-assign]
-    resumed = build_trainer(config, env, run_dir)
-    for writer, path in held_back:
-        set_aside(writer, path)
-    return resumed.state.step, heard
-
-
-@pytest.mark.slow
-def test_a_sharded_checkpoint_that_does_not_load_is_set_aside_for_the_one_before(tmp_path: Path) -> None:
-    for step, heard in on_ranks(2, resume_past_a_corrupt_shard, tmp_path, timeout=60):
-        assert step == 2, "resumed from the checkpoint before"
-        warned = [line for line in heard if " does not load (" in line]
-        assert len(warned) == 1 and warned[0].startswith(f"checkpoint {tmp_path / 'checkpoints' / 'step_00000004'} "
-                                                         "does not load ("), heard  # fmt: skip
-        reason = warned[0].split(" does not load (", 1)[1].removesuffix("); trying the one before")
-        assert warned[0].endswith("); trying the one before") and reason.startswith("CheckpointException: "), warned[0]
-        assert "\n" not in reason, warned[0]  # the error's first line
-    assert (tmp_path / "checkpoints" / "step_00000004.unreadable").is_dir()

@@ -1,6 +1,8 @@
 """engine/checkpoint/sharded.py: a folder of shards holds the trained weights, read back whole (and into a
-plain model, the EMA's where it holds one), with every rank's shard file named; a ddp checkpoint loads into a
-sharded model and its optimizer; the metadata is read without running code."""
+plain model, the EMA's where it holds one, as model.init_from reads it too), with every rank's shard file
+named; a ddp checkpoint loads into a sharded model and its optimizer; the metadata is read without running
+code, and a doctored folder is refused as a doctored file is (test_trust.py); at a resume, a folder that does
+not load is set aside for the one before, and one missing another node's shards is completed from the store."""
 
 from __future__ import annotations
 
@@ -9,8 +11,11 @@ import io
 import logging
 import logging.handlers
 import pickle
+import shutil
 import subprocess
+import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,25 +24,32 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from {{cookiecutter.package_name}} import eval as eval_entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
+from {{cookiecutter.package_name}}.engine.assembly.init_weights import read_weights
 from {{cookiecutter.package_name}}.engine.checkpoint import weights
 from {{cookiecutter.package_name}}.engine.checkpoint.files import with_owner_tensors
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
     MetadataUnpickler,
     SafeReader,
+    ShardedCheckpointer,
     load_full_state,
     load_into,
     load_owner_tensors,
     read_whole,
     shard_files,
 )
+from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
+from {{cookiecutter.package_name}}.export import main as export_main
 from {{cookiecutter.package_name}}.models import SmallCNN
 
-from ...helpers import CPU, assert_same, compose_config, on_ranks, record_fsyncs
+from ...helpers import CPU, TINY, assert_same, compose_config, on_ranks, record_fsyncs, train_one_epoch
+from .test_store import config as store_config
+from .test_trust import doctored, refused_line, tiny_run
 
 
 def fit(env: DistEnv, run_dir: Path, *overrides: str) -> None:
@@ -185,15 +197,28 @@ def save_sharded(env: DistEnv, tmp_path: Path) -> dict[str, dict[str, torch.Tens
     return live
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[Path, dict[str, Any]]:
+    """save_sharded's folders (under the returned root) and what was live, made once for the tests that read them."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    return root, on_ranks(2, save_sharded, root)[0]
+
+
+@pytest.fixture
+def ema_folder(two_ranks) -> Path:
+    """Two fsdp ranks' folder of shards, which kept an EMA of its weights."""
+    return two_ranks[0] / "ema" / "checkpoints" / "step_00000001"
+
+
 @pytest.mark.slow
-def test_two_ranks_shards_read_back_whole_are_the_live_weights_and_load_into_a_plain_model(tmp_path: Path) -> None:
-    live = on_ranks(2, save_sharded, tmp_path)[0]
-    plain, averaged = (tmp_path / name / "checkpoints" / "step_00000001" for name in ("plain", "ema"))
+def test_two_ranks_shards_read_back_whole_are_the_live_weights_and_load_into_a_plain_model(two_ranks) -> None:
+    root, live = two_ranks
+    plain, averaged = (root / name / "checkpoints" / "step_00000001" for name in ("plain", "ema"))
     assert shard_files(plain) == shard_files(averaged) == ["__0_0.distcp", "__1_0.distcp"], "each rank's, once"
     synced = [path for path in live["synced"] if "/plain/" in path]  # rank 0's: its shard, trainer.pt, the folders
-    tmp = str(tmp_path / "plain" / "checkpoints" / ".tmp_step_00000001")
+    tmp = str(root / "plain" / "checkpoints" / ".tmp_step_00000001")
     assert f"{tmp}/__0_0.distcp" in synced, "DCP's writer syncs the shard (sync_files)"
-    last = synced.index(str(tmp_path / "plain" / "checkpoints"))
+    last = synced.index(str(root / "plain" / "checkpoints"))
     assert any(path.startswith(f"{tmp}/.tmp_trainer.pt.") for path in synced[:last]), "trainer.pt, then the rename"
     assert last == len(synced) - 1, "the folder holding the renamed checkpoint, last"
 
@@ -219,6 +244,15 @@ def test_two_ranks_shards_read_back_whole_are_the_live_weights_and_load_into_a_p
         warnings.simplefilter("error")  # a load in one process, as meant: nothing to warn about
         assert load_owner_tensors(plain, [owner]) == {}, "a run without the EMA: nothing read, nothing refused"
         assert_same(load_owner_tensors(averaged, [owner])["ema"], live["ema_average"], "the EMA's, into its tensors")
+
+
+@pytest.mark.slow
+def test_a_folder_of_shards_that_kept_an_ema_gives_its_average(ema_folder: Path) -> None:
+    """As model.init_from reads it (engine/assembly/init_weights.py): the EMA's parameters, the buffers."""
+    whole, read = read_whole(ema_folder), read_weights(ema_folder)
+    assert whole["ema"].keys() < read.keys() and read.keys() == whole["model"].keys()
+    assert all(torch.equal(read[name], whole["ema"][name]) for name in whole["ema"])
+    assert not all(torch.equal(whole["model"][name], whole["ema"][name]) for name in whole["ema"]), "not the weights"
 
 
 # SmallCNN's parameters as the project's optimizer numbers them (components.build_optimizer): the
@@ -330,3 +364,142 @@ def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_pat
         "space left on device); the previous checkpoints are intact: free some space or fix the run dir's "
         "permissions, then launch again"
     )
+
+
+# --- a doctored folder of shards, refused as a doctored file is (test_trust.py, whose `doctored` makes it)
+
+
+@pytest.fixture(scope="module")
+def genuine(tmp_path_factory) -> dict[str, Path]:
+    """A folder of shards (fsdp, one rank) of one tiny training."""
+    root = tmp_path_factory.mktemp("genuine")
+    on_ranks(1, tiny_run, root / "fsdp", "strategy=fsdp")
+    return {"fsdp": root / "fsdp" / "checkpoints" / "step_00000001"}
+
+
+@pytest.fixture
+def beside(tmp_path: Path, monkeypatch) -> Iterator[Path]:
+    """test_trust.py's: the folder shipped beside the checkpoint, on Python's path for the test."""
+    monkeypatch.syspath_prepend(str(tmp_path / "shared"))
+    yield tmp_path / "shared"
+    sys.modules.pop("payload_module", None)
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
+@pytest.mark.parametrize(
+    ("kind", "key", "target"),
+    [
+        ("fsdp", "model._target_", "payload_module.Payload"),  # a module shipped beside it
+        ("fsdp", "task._target_", "torch.nn.modules.module.os.system"),  # through torch's own modules
+    ],
+)
+def test_eval_and_the_export_refuse_a_doctored_checkpoint_in_one_line_before_anything_runs(
+    genuine, tmp_path, beside, in_process, monkeypatch, capsys, kind: str, key: str, target: str
+) -> None:
+    path = doctored(genuine, kind, tmp_path, key, target)
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
+    with pytest.raises(SystemExit) as stopped:
+        eval_entry.main()
+    assert stopped.value.code == 2
+    refused_line(capsys.readouterr().err, target, "trust_checkpoint=true")
+    with pytest.raises(SystemExit) as stopped:
+        export_main([str(path), str(tmp_path / "out.pt")])
+    assert stopped.value.code == 2
+    refused_line(capsys.readouterr().err, target, "--trust-checkpoint")
+    assert not (beside / "ran").exists() and "payload_module" not in sys.modules, "nothing of it was imported"
+    assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["fsdp"])
+def test_model_init_from_refuses_a_doctored_run_and_reads_it_when_trusted(genuine, tmp_path, beside, kind: str) -> None:
+    path = doctored(genuine, kind, tmp_path, "model._target_", "payload_module.Payload")
+    with pytest.raises(ConfigError, match=r"names model._target_=payload_module.Payload, .*trust_checkpoint=true$"):
+        read_weights(path)
+    weights = read_weights(path, trust=True)  # weights only: trusting builds nothing from the config either
+    assert "0.0.weight" in weights and not (beside / "ran").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
+@pytest.mark.parametrize("kind", ["fsdp"])
+def test_a_saved_interpolation_is_refused_and_never_reads_the_environment(
+    genuine, tmp_path, beside, in_process, monkeypatch, capsys, kind: str
+) -> None:
+    """A saved config is written resolved: `${oc.env:...}` in one was put there to read this machine's secrets
+    into what is built or logged (here the model's width: resolved, it would build and evaluate)."""
+    monkeypatch.setenv("TRUST_TEST_WIDTH", "4")
+    path = doctored(genuine, kind, tmp_path, "model.width", "${oc.env:TRUST_TEST_WIDTH}")
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
+    with pytest.raises(SystemExit) as stopped:
+        eval_entry.main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    said = "error: the checkpoint's config holds an interpolation, model.width=${oc.env:TRUST_TEST_WIDTH}"
+    assert err.startswith(said)
+    assert err.rstrip().endswith("with trust_checkpoint=true")
+    with pytest.raises(SystemExit):
+        export_main([str(path), str(tmp_path / "out.pt")])
+    assert "holds an interpolation, model.width=" in capsys.readouterr().err and not (tmp_path / "out.pt").exists()
+
+
+# --- a resume: past a folder that does not load (engine/checkpoint/manager.py), and from the store's shards
+
+
+def resume_past_a_corrupt_shard(env, run_dir: Path) -> tuple[int, list[str]]:
+    """Sharded checkpoints at steps 2 and 4 of a 6-step epoch; rank 1's shard of the newest cut in half;
+    a relaunch, whose writer renames the checkpoint it sets aside only once the resume is done: the
+    latest any rank can see the rename (a rank that looks for the one before sooner must skip it itself)."""
+    from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
+
+    overrides = [*TINY, "data.batch_size=8", "strategy=fsdp", "checkpoint.every_n_steps=2"]
+    config = to_train_config(compose_config(overrides))
+    trained = build_trainer(config, env, run_dir)
+    train_one_epoch(trained)
+    torch.distributed.barrier()
+    if env.rank == 0:
+        shard = run_dir / "checkpoints" / "step_00000004" / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    torch.distributed.barrier()
+    heard: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("{{cookiecutter.package_name}}.engine.checkpoint.manager").addHandler(handler)
+    held_back, set_aside = [], Checkpointer.set_aside
+    Checkpointer.set_aside = lambda writer, path: held_back.append((writer, path))  # type: ignore[method-assign]
+    resumed = build_trainer(config, env, run_dir)
+    for writer, path in held_back:
+        set_aside(writer, path)
+    return resumed.state.step, heard
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_that_does_not_load_is_set_aside_for_the_one_before(tmp_path: Path) -> None:
+    for step, heard in on_ranks(2, resume_past_a_corrupt_shard, tmp_path, timeout=60):
+        assert step == 2, "resumed from the checkpoint before"
+        warned = [line for line in heard if " does not load (" in line]
+        assert len(warned) == 1 and warned[0].startswith(f"checkpoint {tmp_path / 'checkpoints' / 'step_00000004'} "
+                                                         "does not load ("), heard  # fmt: skip
+        reason = warned[0].split(" does not load (", 1)[1].removesuffix("); trying the one before")
+        assert warned[0].endswith("); trying the one before") and reason.startswith("CheckpointException: "), warned[0]
+        assert "\n" not in reason, warned[0]  # the error's first line
+    assert (tmp_path / "checkpoints" / "step_00000004.unreadable").is_dir()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: meant
+def test_a_local_folder_of_shards_missing_another_nodes_shards_is_completed_from_the_store(
+    memory_url: str, tmp_path: Path, caplog
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    written = tmp_path / "written" / "step_00000005"
+    dcp.save({"model": {"w": torch.ones(4)}}, checkpoint_id=written, no_dist=True)
+    torch.save({"step": 5, "epoch": 0, "samples_in_epoch": 5}, written / "trainer.pt")
+    CheckpointStore(memory_url, 1.0).upload(written, written.name)
+    local = tmp_path / "node0" / "checkpoints"
+    shutil.copytree(written, local / written.name)
+    shards = sorted(item.name for item in written.glob("*.distcp"))
+    (local / written.name / shards[0]).unlink()  # without a shared disk: another node's shard is not here
+    caplog.set_level(logging.INFO)
+    path, payload = ShardedCheckpointer(local, store_config(memory_url), is_writer=True).find_resume_payload()
+    assert path == local / written.name and payload["step"] == 5
+    assert (path / shards[0]).is_file(), "the missing shard brought down from the store"
+    assert caplog.messages[-1].startswith(f"resuming from the store's {memory_url}/step_00000005, brought down")

@@ -9,7 +9,6 @@ one run."""
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -374,29 +373,6 @@ def test_the_local_checkpoints_and_the_store_are_one_history_the_newest_of_eithe
     path, _ = Checkpointer(tmp_path / "new" / "checkpoints", config(memory_url), is_writer=True).find_resume_payload()
     assert path == tmp_path / "new" / "checkpoints" / "step_00000012.pt"
     assert caplog.messages[-1].endswith("the newest of the store and the local checkpoints (the local newest: none)")
-
-
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: meant
-def test_a_local_folder_of_shards_missing_another_nodes_shards_is_completed_from_the_store(
-    memory_url: str, tmp_path: Path, caplog
-) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    written = tmp_path / "written" / "step_00000005"
-    dcp.save({"model": {"w": torch.ones(4)}}, checkpoint_id=written, no_dist=True)
-    torch.save({"step": 5, "epoch": 0, "samples_in_epoch": 5}, written / "trainer.pt")
-    CheckpointStore(memory_url, 1.0).upload(written, written.name)
-    local = tmp_path / "node0" / "checkpoints"
-    shutil.copytree(written, local / written.name)
-    shards = sorted(item.name for item in written.glob("*.distcp"))
-    (local / written.name / shards[0]).unlink()  # without a shared disk: another node's shard is not here
-    caplog.set_level(logging.INFO)
-    from {{cookiecutter.package_name}}.engine.checkpoint.sharded import ShardedCheckpointer  # the sharded strategies'
-
-    path, payload = ShardedCheckpointer(local, config(memory_url), is_writer=True).find_resume_payload()
-    assert path == local / written.name and payload["step"] == 5
-    assert (path / shards[0]).is_file(), "the missing shard brought down from the store"
-    assert caplog.messages[-1].startswith(f"resuming from the store's {memory_url}/step_00000005, brought down")
 
 
 def test_a_checkpoint_dir_with_credentials_in_its_url_is_refused_naming_the_setting() -> None:

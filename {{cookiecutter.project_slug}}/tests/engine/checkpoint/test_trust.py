@@ -1,11 +1,13 @@
-"""engine/checkpoint/trust.py: a checkpoint from elsewhere runs no code. Doctored copies of real checkpoints
-(a whole .pt, a folder of shards) name code outside the project; eval.py, the export and model.init_from
-refuse each in one line before anything is imported or built, and run it only with the user's opt-in."""
+"""engine/checkpoint/trust.py: a checkpoint from elsewhere runs no code. Doctored copies of a real checkpoint
+name code outside the project; eval.py, the export and model.init_from refuse each in one line before anything
+is imported or built, and run it only with the user's opt-in. (A doctored folder of shards, where the project
+writes them: the tests of the module that reads them, with this file's `doctored`.)"""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from {{cookiecutter.package_name}}.engine.assembly.init_weights import read_weig
 from {{cookiecutter.package_name}}.engine.checkpoint.trust import check_data_paths, check_trusted, trusted
 from {{cookiecutter.package_name}}.export import main as export_main
 
-from ...helpers import compose_config, cpu_env, on_ranks
+from ...helpers import compose_config, cpu_env
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
 
@@ -40,34 +42,32 @@ class Payload(SmallCNN):
 """
 
 
-def fsdp_checkpoint(env, run_dir: Path) -> None:  # noqa: ANN001
-    build_trainer(to_train_config(compose_config([*TINY, "strategy=fsdp"])), env, run_dir).fit()
+def tiny_run(env, run_dir: Path, *overrides: str) -> None:  # noqa: ANN001
+    """One step of a tiny training, its checkpoint written (step_00000001, a .pt or a folder of shards)."""
+    build_trainer(to_train_config(compose_config([*TINY, *overrides])), env, run_dir).fit()
 
 
 @pytest.fixture(scope="module")
 def genuine(tmp_path_factory) -> dict[str, Path]:
-    """A whole .pt (ddp) and a folder of shards (fsdp, one rank) of one tiny training each."""
+    """A whole .pt of one tiny training (ddp, in this process)."""
     root = tmp_path_factory.mktemp("genuine")
-    build_trainer(to_train_config(compose_config(TINY)), cpu_env(0, 1), root / "ddp").fit()
-    on_ranks(1, fsdp_checkpoint, root / "fsdp")
-    return {"ddp": root / "ddp" / "checkpoints" / "step_00000001.pt",
-            "fsdp": root / "fsdp" / "checkpoints" / "step_00000001"}  # fmt: skip
+    tiny_run(cpu_env(0, 1), root / "ddp")
+    return {"ddp": root / "ddp" / "checkpoints" / "step_00000001.pt"}
 
 
 def doctored(genuine: dict[str, Path], kind: str, tmp_path: Path, key: str, target: Any) -> Path:
-    """A copy of a genuine checkpoint whose saved config names `target` at `key`, with PAYLOAD beside it
-    on Python's path (as a folder shipped with a download is when one runs from it)."""
+    """A copy of a genuine checkpoint (a file, or a folder of shards whose config is in its trainer.pt) whose
+    saved config names `target` at `key`, with PAYLOAD beside it on Python's path (as a folder shipped with
+    a download is when one runs from it)."""
     source = genuine[kind]
     copy = tmp_path / "shared" / source.name
-    if kind == "fsdp":
-        import shutil
-
+    if source.is_dir():
         shutil.copytree(source, copy)
         trainer_file = copy / "trainer.pt"
     else:
         copy.parent.mkdir()
         trainer_file = copy
-    payload = torch.load(source / "trainer.pt" if kind == "fsdp" else source, weights_only=True)
+    payload = torch.load(source / "trainer.pt" if source.is_dir() else source, weights_only=True)
     node = payload["config"]
     *path, last = key.split(".")
     for name in path:
@@ -94,9 +94,7 @@ def refused_line(err: str, target: str, opt_in: str) -> None:
     ("kind", "key", "target"),
     [
         ("ddp", "model._target_", "payload_module.Payload"),  # a module shipped beside it
-        ("fsdp", "model._target_", "payload_module.Payload"),
         ("ddp", "data.dataset._target_", "os.system"),  # nested, a function Hydra's blocklist names
-        ("fsdp", "task._target_", "torch.nn.modules.module.os.system"),  # through torch's own modules
         ("ddp", "model._target_", "{{ cookiecutter.package_name }}.engine.checkpoint.files.write_atomically"),
     ],
 )
@@ -117,7 +115,7 @@ def test_eval_and_the_export_refuse_a_doctored_checkpoint_in_one_line_before_any
     assert not (tmp_path / "out.pt").exists()
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp"])
 def test_model_init_from_refuses_a_doctored_run_and_reads_it_when_trusted(genuine, tmp_path, beside, kind: str) -> None:
     path = doctored(genuine, kind, tmp_path, "model._target_", "payload_module.Payload")
     with pytest.raises(ConfigError, match=r"names model._target_=payload_module.Payload, .*trust_checkpoint=true$"):
@@ -192,7 +190,7 @@ def test_a_name_a_saved_config_kept_from_before_a_module_moved_is_trusted_as_wha
     assert not trusted(f"{package}.schedule.Schedule"), "the old module's other names: machinery, as before"
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp"])
 def test_a_saved_interpolation_is_refused_and_never_reads_the_environment(
     genuine, tmp_path, beside, in_process, monkeypatch, capsys, kind: str
 ) -> None:

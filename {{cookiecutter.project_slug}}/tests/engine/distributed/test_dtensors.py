@@ -1,6 +1,6 @@
-"""engine/distributed/dtensors.py: a DTensor (fsdp's parameters, gradients, norms) is told from a plain
-tensor, on two ranks, and a rank's part of it is its own shard; asked in a process that never imported
-torch.distributed.tensor, the answer does not import it."""
+"""engine/distributed/dtensors.py: a DTensor (a sharding strategy's parameters, gradients, norms) is told
+from a plain tensor, on two ranks, and a rank's part of it is its own shard; asked in a process that never
+imported torch.distributed.tensor, the answer does not import it."""
 
 from __future__ import annotations
 

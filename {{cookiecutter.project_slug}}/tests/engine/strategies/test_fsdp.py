@@ -1,11 +1,14 @@
 """strategy=fsdp in one process: the refusals before any work, the blocks sharded, bf16 from fp32
 shards, the bytes a rank holds (benchmarks/fsdp_memory.py's figures); on two ranks, a run switched to
-ddp and back, each way resumed with the weights and the optimizer's state it was saved with. The
-sharded checkpoints: tests/engine/checkpoint/test_sharded.py; the jobs themselves (2 processes,
-killed, resumed): e2e/test_fsdp.py."""
+ddp and back, each way resumed with the weights and the optimizer's state it was saved with; a step of
+the (total, count) loss with accumulation, clipping and EMA that is the plain computation (each strategy's
+step of each form: tests/engine/test_exact_losses.py); a validation in lock step; buffers resumed on
+another world size, bit for bit, each sample once. The sharded checkpoints:
+tests/engine/checkpoint/test_sharded.py; the jobs themselves (2 processes, killed, resumed): e2e/test_fsdp.py."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -19,10 +22,13 @@ from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import read_whole
+from {{cookiecutter.package_name}}.engine.evaluate import EvalResult
 from {{cookiecutter.package_name}}.engine.strategies.fsdp import FSDP, per_rank_bytes
 
-from ...helpers import TINY, assert_same, compose_config, cpu_env, on_ranks, run
+from ...helpers import SMALL, TINY, assert_same, compose_config, cpu_env, on_ranks, run, train_stop_resume
 from ..assembly.test_activation import Blocks
+from ..test_exact_losses import one_step, plain_gradient
+from ..test_trainer import assert_resumed_on_two_ranks
 
 # An image classifier of three repeated blocks in a ModuleList (8x8 images): what fsdp shards one by one.
 BLOCKS = [*TINY, "data.image_size=8", f"model._target_={Blocks.__module__}.Blocks"]
@@ -180,3 +186,116 @@ def test_a_run_switches_to_ddp_and_back_each_resumed_with_its_weights_and_optimi
     for name in ("to_ddp", "back"):  # fsdp and ddp sum gradients in other orders: close, not identical
         assert legs[name]["step"] == 6
         assert legs[name]["loss"] == pytest.approx(legs["fsdp"]["loss"], rel=1e-4), (name, legs[name]["loss"])
+
+
+# --- a step of tests/engine/test_exact_losses.py's (total, count) form, clipped, with an EMA
+
+
+CLIP, DECAY = 0.1, 0.5  # the gradient's norm is 0.41: clipped to a quarter; the average half way
+
+
+def pair_loss_clipped_with_ema(env) -> list[torch.Tensor]:  # noqa: ANN001
+    return one_step(env, "tokens", 2, "fsdp", clip=CLIP, decay=DECAY)
+
+
+@pytest.mark.slow
+def test_a_pair_loss_under_fsdp_with_accumulation_clipping_and_ema_is_the_plain_computation() -> None:
+    """The (total, count) loss's gradient is rescaled to the global count before clipping: clipping then
+    sees the true gradient's norm, and the EMA averages the weights that step made (a rescale after the
+    clip, or the local count in place of the global one, moves every figure)."""
+    plain = plain_gradient("tokens", 2)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in plain]))
+    assert norm > 2 * CLIP, "clipping acts"
+    clipped = [g * (CLIP / (norm + 1e-6)) for g in plain]  # clip_grad_norm_'s coefficient
+    ranks = on_ranks(2, pair_loss_clipped_with_ema, timeout=180)
+    moved, averaged = ranks[0][: len(plain)], ranks[0][len(plain) :]
+    assert relative_error(moved, clipped) < 1e-4  # float32: the moves are weight differences; a wrong scale: > 0.1
+    assert relative_error(averaged, [(1 - DECAY) * g for g in clipped]) < 1e-4  # w0 + (1 - decay) * (w1 - w0)
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0], ranks[1], strict=True)), "every rank the same"
+
+
+def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """|got - want| / |want| over all the tensors at once (elementwise, the tiniest entries' rounding dominates)."""
+    flat_got, flat_want = torch.cat([g.flatten() for g in got]), torch.cat([w.flatten() for w in want])
+    return float(torch.linalg.vector_norm(flat_got - flat_want) / torch.linalg.vector_norm(flat_want))
+
+
+# --- validation: every forward gathers the shards
+
+
+def fsdp_validation(env, run_dir) -> EvalResult:  # noqa: ANN001
+    """5 samples in batches of 2 on 2 ranks: rank 0 has 2 batches, rank 1 one, and every forward gathers
+    the shards, so the trainer must validate in lock step (a filler forward on rank 1) or hang."""
+    overrides = [*SMALL, "data.image_size=32", "strategy=fsdp", "data.train_size=16", "data.val_size=5",
+                 "data.batch_size=2"]  # fmt: skip
+    return build_trainer(to_train_config(compose_config(overrides)), env, run_dir).validate()
+
+
+@pytest.mark.slow
+def test_validation_under_fsdp_runs_as_many_forwards_on_every_rank_and_counts_each_sample_once(tmp_path) -> None:
+    first, second = on_ranks(2, fsdp_validation, tmp_path, timeout=60)
+    assert first == second and first.samples == 5 and first.metrics["loss"] > 0
+
+
+# --- buffers, and a resume on another world size
+
+
+def samples_so_far(trained) -> list[dict]:
+    audit = trained.run_dir / "logs" / f"samples_rank_{trained.env.rank}.jsonl"
+    return [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+
+
+def loaded(trained) -> dict:
+    """What a rank holds once it has resumed, before any step, and the samples recorded by then."""
+    return {"buffers": {key: buffer.clone() for key, buffer in trained.model.named_buffers()},
+            "weights": {key: tensor.clone() for key, tensor in trained.strategy.full_weights().items()},
+            "recorded": len(samples_so_far(trained))}  # fmt: skip
+
+
+def continue_on_another_world_size(env: DistEnv, run_dir: Path, overrides: list[str]) -> dict:
+    """train_stop_resume's two trainers on this world size, from a checkpoint of step 4 that another
+    world size saved: what every rank holds once it has resumed, the samples each run trained on, both
+    ends. The first saves step 5 (every_n_steps=5), so the second resumes from this world size's."""
+    ends = train_stop_resume(env, run_dir, [*overrides, "checkpoint.every_n_steps=5"], samples_so_far, loaded)
+    ends["samples"] = {name: ends[f"{name}_extra"][ends[f"{name}_before"]["recorded"] :]
+                       for name in ("uninterrupted", "resumed")}  # fmt: skip
+    ends["loaded"], ends["loaded_buffers"] = (ends["uninterrupted_before"][key] for key in ("weights", "buffers"))
+    return ends
+
+
+@pytest.mark.slow
+def test_a_model_with_buffers_resumes_under_fsdp_on_another_world_size_bit_exactly_each_sample_once(
+    tmp_path: Path,
+) -> None:
+    """small_cnn's BatchNorm statistics under fsdp: on 2 ranks as ddp's (tests/engine/test_trainer.py);
+    saved by 2 ranks at step 4 and resumed on 3 (docs/checkpoints.md, "Buffers"), every rank starts from
+    the checkpoint's weights and buffers, bit for bit; the epoch's samples are each trained on once, before
+    the change and after; and a 3-rank run killed after its own checkpoint (step 5) ends bit-identical to
+    the uninterrupted one."""
+    job = ["strategy=fsdp", "model=small_cnn", "trainer.record_samples=true"]
+    two, three = tmp_path / "two", tmp_path / "three"
+    (two / "logs").mkdir(parents=True)
+    before = on_ranks(2, train_stop_resume, two, job)  # fsdp gives rank 0's buffers after each step
+    assert_resumed_on_two_ranks(before)
+    assert_same(before[1]["resumed_buffers"], before[0]["resumed_buffers"], "rank 1's buffers (rank 0's)")
+    (three / "checkpoints").mkdir(parents=True)
+    shutil.copytree(two / "checkpoints" / "step_00000004", three / "checkpoints" / "step_00000004")
+    (three / "logs").mkdir()
+    ranks = on_ranks(3, continue_on_another_world_size, three, job)
+    saved = read_whole(three / "checkpoints" / "step_00000004")["model"]
+    assert_same(ranks[0]["loaded"], saved, "rank 0's weights and buffers once resumed on 3")
+    buffers = {key: saved[key] for key in ranks[0]["loaded_buffers"]}
+    for rank in ranks:
+        assert_same(rank["loaded_buffers"], buffers, "every rank's buffers once resumed on 3")
+    audit = [json.loads(line) for rank in range(2) for line in
+             (two / "logs" / f"samples_rank_{rank}.jsonl").read_text().splitlines()]  # fmt: skip
+    first = [index for record in audit if record["step"] <= 4 for index in record["indices"]]
+    after = [index for rank in ranks for record in rank["samples"]["uninterrupted"] for index in record["indices"]]
+    assert sorted(first + after) == list(range(96)), "each sample of the epoch exactly once"
+    redone = [record for rank in ranks for record in rank["samples"]["resumed"]]
+    again = [record for rank in ranks for record in rank["samples"]["uninterrupted"] if record["step"] == 6]
+    assert {record["step"] for record in redone} == {6} and redone == again, "step 6 again, the same samples"
+    ends = ranks[0]
+    assert ends["uninterrupted_step"] == ends["resumed_step"] == 6
+    assert_same(ends["resumed"], ends["uninterrupted"], "the resumed 3-rank run's weights and buffers")
+    assert not any(torch.equal(ends["resumed"][key], buffers[key]) for key in buffers), "trained on 3"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from operator import attrgetter
 from pathlib import Path
 from typing import cast
 
@@ -16,6 +17,7 @@ from ...common.placement import DistEnv
 from ...common.run_dir import LOGS_DIR, METRICS_FILE
 from ...config import TrainConfig, to_plain_dict
 from ...config.batches import apply_global_batch
+from ...config.strategies import BLOCKS
 from ...models import count_parameters
 from ...observe.hangs import build_stall_watch
 from ...observe.logs import MetricsLog
@@ -71,7 +73,7 @@ def prepare_model(
     if config.model.get("init_from"):
         initialise_from(model, config.model["init_from"], env, has_checkpoint, config.trust_checkpoint)
     if config.trainer.activation_checkpointing:
-        checkpoint_activations(model, config.fsdp.blocks)
+        checkpoint_activations(model, attrgetter(BLOCKS)(config) if BLOCKS else [], BLOCKS)
     layout = torch.channels_last if config.trainer.channels_last else torch.preserve_format
     return strategy.prepare(model.to(env.device, memory_format=layout))  # type: ignore[call-overload]  # stubs lack it
 
@@ -97,7 +99,7 @@ def build_ema(config: TrainConfig, model: nn.Module) -> EMA | NoEMA:
 def allow_frozen_parameters(config: TrainConfig, callbacks: Callbacks) -> None:
     """A callback that freezes parameters (`freezes_parameters = True`) under ddp: DDP's reducer waits for a
     gradient of every parameter it was built with, so it is told to find the unused ones after each forward
-    (ddp.find_unused_parameters: one walk of the autograd graph per step). FSDP needs nothing."""
+    (ddp.find_unused_parameters: one walk of the autograd graph per step). The other strategies need nothing."""
     freezing = [name for name, cb in callbacks.named.items() if getattr(cb, "freezes_parameters", False)]
     if freezing and config.strategy == "ddp" and not config.ddp.find_unused_parameters:
         log.info("callbacks.%s freezes parameters: ddp.find_unused_parameters=true", freezing[0])

@@ -2,7 +2,7 @@
 one: manager.py).
 
 - Global rank 0 writes `<run dir>/checkpoints/step_<N>.pt`, N the global optimizer step
-  (strategy=ddp; the sharded strategies write a folder `step_<N>/` of shards: sharded.py).
+  (strategy=ddp; a strategy that shards the model writes a folder `step_<N>/` of shards: sharded.py).
 - The state is copied to CPU memory on the training thread (the only part that holds a step
   up); a background thread writes it to a temporary file in the same folder, fsyncs it,
   renames it into place and fsyncs the folder, so a kill at any instant leaves either the
@@ -33,7 +33,7 @@ from ...common.storage import is_remote
 from ...config import CheckpointConfig
 
 FORMAT_VERSION = 1  # what this code writes; a checkpoint of a newer one is refused (check_format_version)
-NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards (fsdp)
+NAME_PATTERN = re.compile(r"^step_(\d+)(\.pt)?$")  # a file (ddp) or a folder of shards
 TMP_PREFIX = ".tmp_"
 TRAINER_FILE, METADATA_FILE = "trainer.pt", ".metadata"  # in a folder of shards: all but the tensors; DCP's
 BEST_FILE = "best.json"  # checkpoint.keep_best's checkpoints, best first (writer.py)
@@ -41,14 +41,14 @@ OWNER_FILE = ".owner"  # in a checkpoint.dir (a folder or a store's prefix): the
 
 
 def shards_reader(path: Path) -> ModuleType:
-    """What reads a folder of shards (fsdp's and hsdp's checkpoints): sharded.py, imported at its first use
-    (torch.distributed.checkpoint: 1.7 s to import); one line where this project was made without the
-    sharded strategies (cookiecutter's fsdp=no), which a folder from another project's run meets."""
+    """What reads a folder of shards (the sharding strategies' checkpoints): sharded.py, imported at its first
+    use (torch.distributed.checkpoint: 1.7 s to import); one line where this project was made without
+    those strategies, which a folder from another project's run meets."""
     name = f"{__package__}.sharded"
     if importlib.util.find_spec(name) is None:
         raise ConfigError(
-            f"{path} is a folder of shards (strategy=fsdp or hsdp), and this project was made without them "
-            "(cookiecutter's fsdp=no): export its weights to one file with the project that wrote it (python -m "
+            f"{path} is a folder of shards, and this project was made without the strategies that read them: "
+            "export its weights to one file with the project that wrote it (python -m "
             f"{__package__.split('.')[0]}.export {path} weights.pt) and give that file as model.init_from"
         )
     return importlib.import_module(name)

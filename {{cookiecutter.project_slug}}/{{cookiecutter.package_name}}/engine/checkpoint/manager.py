@@ -167,7 +167,7 @@ def agree_on_checkpoint(found: tuple[Path, dict[str, Any]] | None, env: DistEnv)
                            source, env.device)  # fmt: skip
     if not data:  # a folder of shards: every rank must read its own part of it
         raise JobError(
-            f"only some nodes see the sharded checkpoint of step {newest}: a sharded strategy needs the run dir on "
+            f"only some nodes see the sharded checkpoint of step {newest}: a folder of shards needs the run dir on "
             "a filesystem every node shares"
         )
     if found is not None and found[1]["step"] == newest:

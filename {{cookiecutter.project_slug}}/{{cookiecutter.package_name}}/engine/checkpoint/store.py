@@ -3,7 +3,7 @@ local checkpoint folder is written as always, then each checkpoint goes up, and 
 node, with an empty local disk, finds the newest whole one there and brings it down.
 
 - Whole or absent: a `step_<N>.pt` is one object, and an object store shows an object only once its
-  upload has completed. A folder of shards (fsdp) is whole once its `trainer.pt` is there, which
+  upload has completed. A folder of shards is whole once its `trainer.pt` is there, which
   goes up last; a folder without it (an upload cut by a kill) is never resumed, and is removed
   with the checkpoints `keep_last` prunes.
 - A store that fails is retried with back-off for `checkpoint.store_retry_s` (here only: the client

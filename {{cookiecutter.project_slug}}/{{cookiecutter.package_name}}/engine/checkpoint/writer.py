@@ -1,6 +1,6 @@
 """The writer of a run's checkpoints (a `step_<N>.pt` per checkpoint, by global rank 0), in the
 background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, found for a resume.
-The sharded strategies' writer (sharded.py) extends it. With `checkpoint.dir` an object store, each
+The writer of a folder of shards (sharded.py) extends it. With `checkpoint.dir` an object store, each
 checkpoint goes up once whole (store.py, found by files.checkpoint_store), and the local folder and the
 store are one history: a resume takes the newest whole checkpoint of either, brought down when it is the
 store's. A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it (owner.py)."""

@@ -121,7 +121,7 @@ def distributed(
 ) -> Iterator[DistEnv]:
     """Initialise the process group from torchrun's environment and always destroy it.
 
-    A world of one has no process group unless `group_of_one` (fsdp's device mesh needs one).
+    A world of one has no process group unless `group_of_one` (a device mesh needs one).
     Exceptions propagate unchanged, so torchrun sees a failed worker and can restart it. On many
     nodes, `on_refused` gets another node's refusal while this rank waits for the group to form.
     """
@@ -244,7 +244,7 @@ BUFFER_BROADCAST_BYTES = 250 * 2**20  # as DDP coalesces its buffer broadcasts
 
 def sync_buffers_from_rank_zero(module: torch.nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm statistics drift apart in every step), in one
-    coalesced broadcast: the rule every strategy keeps (DDP's broadcast_buffers, fsdp after each step)."""
+    coalesced broadcast: the rule every strategy keeps (DDP's broadcast_buffers, the others after each step)."""
     buffers = [buffer for buffer in module.buffers()]
     if is_distributed() and buffers:
         dist._broadcast_coalesced(dist.distributed_c10d._get_default_group(), buffers, BUFFER_BROADCAST_BYTES, 0)

@@ -1,8 +1,8 @@
 """How the model is spread over the ranks: one module per strategy, one small interface.
 
 - ddp.py: a whole model per rank, gradients all-reduced (DistributedDataParallel);
-- fsdp.py: parameters, gradients and optimizer state sharded over the ranks (FSDP2);
-- hsdp.py: FSDP2 on a 2-D mesh, sharded within a node, replicated across nodes.
+- the modules beside it, where the project has them: strategies that shard parameters, gradients
+  and optimizer state over the ranks (each module's docstring says how).
 
 `strategy=<name>` picks the module of that name; everything the engine does differently by strategy
 (wrapping, the buffers rule, checkpoint contents and writer, lock-step evaluation, the weights for a

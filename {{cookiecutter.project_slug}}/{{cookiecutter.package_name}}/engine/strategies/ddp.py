@@ -83,7 +83,7 @@ class DDP(Strategy):
 
     def load_state_dict(self, payload: dict[str, Any], source: Path) -> None:
         assert self.model is not None and self.optimizer is not None
-        if "model" not in payload:  # a folder of shards (fsdp, hsdp): each rank reads the tensors whole
+        if "model" not in payload:  # a folder of shards (a sharding strategy's): each rank reads the tensors whole
             shards_reader(source).load_sharded(source, self.model, self.optimizer)
         else:
             restore(self.model, payload, source)

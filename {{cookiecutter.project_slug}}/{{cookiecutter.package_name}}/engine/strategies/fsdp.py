@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ...common.errors import ConfigError
-from ...config import CheckpointConfig, FSDPConfig
+from ...config import CheckpointConfig
+from ...config.sharding import BLOCKS, FSDPConfig, fsdp_of
 from ..blocks import find_blocks
 from ..distributed.dtensors import local
 from ..distributed.process_group import all_reduce_sum
@@ -49,7 +50,7 @@ def shard_model(model: nn.Module, config: FSDPConfig, precision: str, mesh: Any)
     bf16 = precision == "bf16"
     if bf16:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    blocks = find_blocks(model, config.blocks)
+    blocks = find_blocks(model, config.blocks, BLOCKS)
     for block in blocks:
         fully_shard(block, **options)
     if bf16:  # the loss in fp32, as autocast would compute it
@@ -65,7 +66,7 @@ class FSDP(Strategy):
     autocasts = False  # trainer.precision=bf16 is the mixed-precision policy
 
     def check(self, use_cuda: bool) -> None:
-        if self.config.fsdp.cpu_offload and not use_cuda:
+        if fsdp_of(self.config).cpu_offload and not use_cuda:
             raise ConfigError(
                 "fsdp.cpu_offload=true moves the shards off the GPUs, and this job runs on CPUs, where they are "
                 "already: drop it (or run on GPUs)"
@@ -82,7 +83,7 @@ class FSDP(Strategy):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         device = next(model.parameters()).device
-        blocks = shard_model(model, self.config.fsdp, self.config.trainer.precision, self.mesh(device))
+        blocks = shard_model(model, fsdp_of(self.config), self.config.trainer.precision, self.mesh(device))
         kinds = ", ".join(sorted({class_name(block) for block in blocks})) or "none"
         log.info("%s: %d blocks sharded (%s) %s, then the root", self.name, len(blocks), kinds, self.describe_mesh())
         return super().prepare(model)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ...common.errors import ConfigError
+from ...config.sharding import hsdp_of
 from ..distributed.process_group import env_int
 from .fsdp import FSDP
 
@@ -23,13 +24,13 @@ class HSDP(FSDP):
     name = "hsdp"
 
     def shard_size(self) -> int:
-        return self.config.hsdp.shard_size or self.env.local_world_size
+        return hsdp_of(self.config).shard_size or self.env.local_world_size
 
     def check(self, use_cuda: bool) -> None:
         super().check(use_cuda)
         nodes = env_int("GROUP_WORLD_SIZE", 0)  # torchrun's count of nodes (agents); 0: not under torchrun
         env = self.env
-        if not self.config.hsdp.shard_size and nodes and env.world_size != env.local_world_size * nodes:
+        if not hsdp_of(self.config).shard_size and nodes and env.world_size != env.local_world_size * nodes:
             # Nodes of different sizes: each would see another shard size, some refuse and the others wait for
             # them until dist.timeout_s. Every node sees the sum differ from its own share: all refuse at once.
             raise ConfigError(
