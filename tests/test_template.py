@@ -96,10 +96,11 @@ BAKES = {
     "default_language_model": {"default_task": "language_model"},
 }
 
-# The bakes whose options take modules and tests that other files could import: collected whole as well.
+# Each option off alone (and the other default task): linted, collected whole, its layers checked as well.
 # (Every option off at once runs its quick part: test_project_with_every_other_choice_...)
-COLLECTED = ("no_slurm", "no_container", "no_kubernetes", "no_sweeps", "no_fsdp", "no_language_model",
-             "default_language_model")  # fmt: skip
+# (mlflow=no and wandb=no alone each take one tracker's module and tests: no_trackers takes both.)
+COLLECTED = ("no_tensorboard", "no_trackers", "no_slurm", "no_container", "no_kubernetes", "no_sweeps", "no_fsdp",
+             "no_language_model", "default_language_model")  # fmt: skip
 
 
 def bake(tmp_path: Path, extra: dict[str, str]) -> Path:
@@ -153,12 +154,16 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
     if answers["license"] != "none":
         assert f'license = {{ text = "{answers["license"]}" }}' in pyproject
         assert answers["author"] in (project / "LICENSE").read_text()
-    if name in COLLECTED:  # what stays imports nothing that went: ruff, and every test module collected
+    if name in COLLECTED:  # what stays imports nothing that went: ruff, every test module collected, the layers
         lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
         assert lint.returncode == 0, lint.stdout[-3000:]
         collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0"]
         collected = subprocess.run(collect, cwd=project, capture_output=True, text=True, env=python_env())
         assert collected.returncode == 0 and " collected" in collected.stdout, collected.stdout[-3000:]
+        # import-linter's layer contracts, no module without its unit test file, none over 300 lines
+        layers = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_layers.py"]
+        held = subprocess.run(layers, cwd=project, capture_output=True, text=True, env=python_env())
+        assert held.returncode == 0 and " passed" in held.stdout, held.stdout[-3000:]
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
