@@ -1,8 +1,9 @@
 """engine/checkpoint/sharded.py: a folder of shards holds the trained weights, read back whole (and into a
 plain model, the EMA's where it holds one, as model.init_from reads it too), with every rank's shard file
 named; a ddp checkpoint loads into a sharded model and its optimizer; the metadata is read without running
-code, and a doctored folder is refused as a doctored file is (test_trust.py); at a resume, a folder that does
-not load is set aside for the one before, and one missing another node's shards is completed from the store."""
+code (a doctored folder, refused as a doctored file is: test_trust.py runs each strategy's); at a resume, a
+folder that does not load is set aside for the one before, and one missing another node's shards is completed
+from the store."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ import logging.handlers
 import pickle
 import shutil
 import subprocess
-import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +23,6 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from {{cookiecutter.package_name}} import eval as eval_entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
@@ -44,12 +42,10 @@ from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
 )
 from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
-from {{cookiecutter.package_name}}.export import main as export_main
 from {{cookiecutter.package_name}}.models import SmallCNN
 
 from ...helpers import CPU, TINY, assert_same, compose_config, on_ranks, record_fsyncs, train_one_epoch
 from .test_store import config as store_config
-from .test_trust import doctored, refused_line, tiny_run
 
 
 def fit(env: DistEnv, run_dir: Path, *overrides: str) -> None:
@@ -364,81 +360,6 @@ def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_pat
         "space left on device); the previous checkpoints are intact: free some space or fix the run dir's "
         "permissions, then launch again"
     )
-
-
-# --- a doctored folder of shards, refused as a doctored file is (test_trust.py, whose `doctored` makes it)
-
-
-@pytest.fixture(scope="module")
-def genuine(tmp_path_factory) -> dict[str, Path]:
-    """A folder of shards (fsdp, one rank) of one tiny training."""
-    root = tmp_path_factory.mktemp("genuine")
-    on_ranks(1, tiny_run, root / "fsdp", "strategy=fsdp")
-    return {"fsdp": root / "fsdp" / "checkpoints" / "step_00000001"}
-
-
-@pytest.fixture
-def beside(tmp_path: Path, monkeypatch) -> Iterator[Path]:
-    """test_trust.py's: the folder shipped beside the checkpoint, on Python's path for the test."""
-    monkeypatch.syspath_prepend(str(tmp_path / "shared"))
-    yield tmp_path / "shared"
-    sys.modules.pop("payload_module", None)
-
-
-@pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
-@pytest.mark.parametrize(
-    ("kind", "key", "target"),
-    [
-        ("fsdp", "model._target_", "payload_module.Payload"),  # a module shipped beside it
-        ("fsdp", "task._target_", "torch.nn.modules.module.os.system"),  # through torch's own modules
-    ],
-)
-def test_eval_and_the_export_refuse_a_doctored_checkpoint_in_one_line_before_anything_runs(
-    genuine, tmp_path, beside, in_process, monkeypatch, capsys, kind: str, key: str, target: str
-) -> None:
-    path = doctored(genuine, kind, tmp_path, key, target)
-    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
-    with pytest.raises(SystemExit) as stopped:
-        eval_entry.main()
-    assert stopped.value.code == 2
-    refused_line(capsys.readouterr().err, target, "trust_checkpoint=true")
-    with pytest.raises(SystemExit) as stopped:
-        export_main([str(path), str(tmp_path / "out.pt")])
-    assert stopped.value.code == 2
-    refused_line(capsys.readouterr().err, target, "--trust-checkpoint")
-    assert not (beside / "ran").exists() and "payload_module" not in sys.modules, "nothing of it was imported"
-    assert not (tmp_path / "out.pt").exists()
-
-
-@pytest.mark.parametrize("kind", ["fsdp"])
-def test_model_init_from_refuses_a_doctored_run_and_reads_it_when_trusted(genuine, tmp_path, beside, kind: str) -> None:
-    path = doctored(genuine, kind, tmp_path, "model._target_", "payload_module.Payload")
-    with pytest.raises(ConfigError, match=r"names model._target_=payload_module.Payload, .*trust_checkpoint=true$"):
-        read_weights(path)
-    weights = read_weights(path, trust=True)  # weights only: trusting builds nothing from the config either
-    assert "0.0.weight" in weights and not (beside / "ran").exists()
-
-
-@pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
-@pytest.mark.parametrize("kind", ["fsdp"])
-def test_a_saved_interpolation_is_refused_and_never_reads_the_environment(
-    genuine, tmp_path, beside, in_process, monkeypatch, capsys, kind: str
-) -> None:
-    """A saved config is written resolved: `${oc.env:...}` in one was put there to read this machine's secrets
-    into what is built or logged (here the model's width: resolved, it would build and evaluate)."""
-    monkeypatch.setenv("TRUST_TEST_WIDTH", "4")
-    path = doctored(genuine, kind, tmp_path, "model.width", "${oc.env:TRUST_TEST_WIDTH}")
-    monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
-    with pytest.raises(SystemExit) as stopped:
-        eval_entry.main()
-    err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err.count("\n") == 1, err
-    said = "error: the checkpoint's config holds an interpolation, model.width=${oc.env:TRUST_TEST_WIDTH}"
-    assert err.startswith(said)
-    assert err.rstrip().endswith("with trust_checkpoint=true")
-    with pytest.raises(SystemExit):
-        export_main([str(path), str(tmp_path / "out.pt")])
-    assert "holds an interpolation, model.width=" in capsys.readouterr().err and not (tmp_path / "out.pt").exists()
 
 
 # --- a resume: past a folder that does not load (engine/checkpoint/manager.py), and from the store's shards

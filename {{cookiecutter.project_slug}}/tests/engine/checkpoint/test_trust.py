@@ -1,7 +1,7 @@
-"""engine/checkpoint/trust.py: a checkpoint from elsewhere runs no code. Doctored copies of a real checkpoint
-name code outside the project; eval.py, the export and model.init_from refuse each in one line before anything
-is imported or built, and run it only with the user's opt-in. (A doctored folder of shards, where the project
-writes them: the tests of the module that reads them, with this file's `doctored`.)"""
+"""engine/checkpoint/trust.py: a checkpoint from elsewhere runs no code. Doctored copies of real checkpoints
+(a whole .pt, and a folder of shards where the project writes them: one of each strategy's) name code outside
+the project; eval.py, the export and model.init_from refuse each in one line before anything is imported or
+built, and run it only with the user's opt-in."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from {{cookiecutter.package_name}}.engine.assembly.init_weights import read_weig
 from {{cookiecutter.package_name}}.engine.checkpoint.trust import check_data_paths, check_trusted, trusted
 from {{cookiecutter.package_name}}.export import main as export_main
 
-from ...helpers import compose_config, cpu_env
+from ...helpers import STRATEGIES, WIDEST, compose_config, cpu_env, on_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler:UserWarning")
 
@@ -49,10 +49,15 @@ def tiny_run(env, run_dir: Path, *overrides: str) -> None:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def genuine(tmp_path_factory) -> dict[str, Path]:
-    """A whole .pt of one tiny training (ddp, in this process)."""
+    """Each strategy's checkpoint of one tiny training: a whole .pt (ddp, in this process), and a folder of
+    shards where the project has a strategy that writes them (one rank)."""
     root = tmp_path_factory.mktemp("genuine")
     tiny_run(cpu_env(0, 1), root / "ddp")
-    return {"ddp": root / "ddp" / "checkpoints" / "step_00000001.pt"}
+    found = {"ddp": root / "ddp" / "checkpoints" / "step_00000001.pt"}
+    for strategy in STRATEGIES[1:]:
+        on_ranks(1, tiny_run, root / strategy, f"strategy={strategy}")
+        found[strategy] = root / strategy / "checkpoints" / "step_00000001"
+    return found
 
 
 def doctored(genuine: dict[str, Path], kind: str, tmp_path: Path, key: str, target: Any) -> Path:
@@ -93,8 +98,9 @@ def refused_line(err: str, target: str, opt_in: str) -> None:
 @pytest.mark.parametrize(
     ("kind", "key", "target"),
     [
-        ("ddp", "model._target_", "payload_module.Payload"),  # a module shipped beside it
+        *((kind, "model._target_", "payload_module.Payload") for kind in STRATEGIES),  # a module shipped beside it
         ("ddp", "data.dataset._target_", "os.system"),  # nested, a function Hydra's blocklist names
+        (WIDEST, "task._target_", "torch.nn.modules.module.os.system"),  # through torch's own modules
         ("ddp", "model._target_", "{{ cookiecutter.package_name }}.engine.checkpoint.files.write_atomically"),
     ],
 )
@@ -115,7 +121,7 @@ def test_eval_and_the_export_refuse_a_doctored_checkpoint_in_one_line_before_any
     assert not (tmp_path / "out.pt").exists()
 
 
-@pytest.mark.parametrize("kind", ["ddp"])
+@pytest.mark.parametrize("kind", STRATEGIES)
 def test_model_init_from_refuses_a_doctored_run_and_reads_it_when_trusted(genuine, tmp_path, beside, kind: str) -> None:
     path = doctored(genuine, kind, tmp_path, "model._target_", "payload_module.Payload")
     with pytest.raises(ConfigError, match=r"names model._target_=payload_module.Payload, .*trust_checkpoint=true$"):
@@ -190,7 +196,7 @@ def test_a_name_a_saved_config_kept_from_before_a_module_moved_is_trusted_as_wha
     assert not trusted(f"{package}.schedule.Schedule"), "the old module's other names: machinery, as before"
 
 
-@pytest.mark.parametrize("kind", ["ddp"])
+@pytest.mark.parametrize("kind", STRATEGIES)
 def test_a_saved_interpolation_is_refused_and_never_reads_the_environment(
     genuine, tmp_path, beside, in_process, monkeypatch, capsys, kind: str
 ) -> None:
