@@ -122,7 +122,7 @@ def test_a_data_loader_worker_dies_with_its_rank_and_says_nothing_of_its_death(t
                             sys.excepthook(*sys.exc_info())
 
                     threading.Thread(target=later, daemon=True).start()
-                time.sleep(0.5 if index else 0)  # busy when its rank goes
+                time.sleep(3 if index else 0)  # busy when its rank goes: past the 2 s it is given to die
                 return torch.tensor(os.getpid())
 
         data = to_train_config(compose_config(["data.num_workers=1", "data.batch_size=1"])).data
@@ -142,3 +142,22 @@ def test_a_data_loader_worker_dies_with_its_rank_and_says_nothing_of_its_death(t
     time.sleep(0.6)  # past the worker's grace: a traceback would be written by now
     assert died, f"the DataLoader worker {worker} outlived its rank"
     assert "EOFError" not in err.read_text(), err.read_text()
+
+
+def test_a_data_workers_last_words_wait_for_a_dying_rank_to_take_it_first() -> None:
+    """What reaches a worker's sys.excepthook is held: a rank that is dying kills the worker meanwhile (the
+    test above); a rank alive still hears it."""
+    code = f"""
+        import sys, time
+        from {PACKAGE}.common.processes import data_worker_start
+        data_worker_start(0)
+        started = time.monotonic()
+        try:
+            raise EOFError("the pipe to the rank")
+        except EOFError:
+            sys.excepthook(*sys.exc_info())
+        print(round(time.monotonic() - started, 2), flush=True)
+    """
+    proc = subprocess.run(python(code), cwd=PROJECT_DIR, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "EOFError: the pipe to the rank" in proc.stderr, proc.stderr
+    assert float(proc.stdout) >= 0.4, "said at once: a dying rank's worker would print it after the job's line"

@@ -76,6 +76,17 @@ def test_fsdp_blocks_under_ddp_is_taken_for_activation_checkpointing_only() -> N
     assert config.fsdp.blocks == ["Block"]
 
 
+def test_activation_checkpointing_recomputes_the_classes_fsdp_blocks_names_under_ddp(caplog) -> None:
+    from {{cookiecutter.package_name}}.engine.assembly.build import prepare_model
+    from {{cookiecutter.package_name}}.engine.strategies import build_strategy
+
+    caplog.set_level("INFO")
+    named = [*BLOCKS, "strategy=ddp", "fsdp.blocks=[Sequential]", "trainer.activation_checkpointing=true"]
+    config = to_train_config(compose_config(named))
+    prepare_model(config, cpu_env(0, 1), build_strategy(config, cpu_env(0, 1)))
+    assert "activation checkpointing: 4 blocks (Sequential)" in caplog.text, "the stem and each block's net, named"
+
+
 def test_the_blocks_sharded_are_fsdp_blocks_classes_else_the_automatic_ones_and_the_log_says_which(
     tmp_path: Path, caplog
 ) -> None:
