@@ -131,6 +131,23 @@ def test_ckpt_path_best_evaluates_the_best_checkpoint_and_its_ema(in_process, tm
         assert "evaluating the EMA of the weights (trainer.ema)" in said.out + said.err
 
 
+def test_a_folder_of_shards_where_the_project_cannot_read_them_is_refused_in_one_line_saying_how(
+    in_process, monkeypatch, capsys, tmp_path: Path
+) -> None:
+    """Not its saved config's `strategy=` refused: the folder itself, with the way to one file."""
+    import importlib.util
+
+    found = importlib.util.find_spec  # a project made without the strategies that write them: no sharded.py
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name.endswith(".sharded") else found(name))
+    folder = tmp_path / "step_00000003"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        evaluate(monkeypatch, capsys, f"ckpt_path={folder}")
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and in_process == [] and err.count("\n") == 1, err
+    assert err.startswith(f"error: {folder} is a folder of shards, and this project was made without the strategies")
+
+
 def test_a_store_url_is_refused_in_one_line_by_eval_and_the_export(in_process, monkeypatch, capsys, tmp_path) -> None:
     from {{cookiecutter.package_name}}.export import main as export_main
 

@@ -42,7 +42,7 @@ from ...config import TrainConfig, compose_for_checkpoint, register_configs, to_
 from ...observe.hangs import keep_ddp_working_on_gloo
 from ...observe.logs import setup_logging
 from ...observe.provenance import summary
-from ..checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint
+from ..checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, shards_reader
 from ..checkpoint.trust import check_data_paths, check_trusted, command_values, saved_config
 from ..checkpoint.weights import has_ema, load_weights
 from ..data.loader import build_data
@@ -201,6 +201,8 @@ def checkpoint_config(
         path = best_checkpoint(path)
     if not path.exists():
         raise ConfigError(f"ckpt_path={path}: no such file; give a checkpoints/step_<N>.pt (or step_<N>/) of a run")
+    if path.is_dir():  # a folder of shards: one line where this project cannot read them, before its config's
+        shards_reader(path)
     try:
         payload = load_checkpoint(path)
     except NotACheckpoint as error:
