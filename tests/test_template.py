@@ -69,6 +69,10 @@ TRACES = {
     ("language_model", "no"): ["gpt", "language_model", "language model", "tokeniz", "corpus", "bpe", "generate.py",
                                "checkpoint/hf", "checkpoint.hf", "data=text", "data=tokens", "vocab_from",
                                "text_shards", "transformers>=", "unigram", "val_bpb", "LanguageModel"],
+    ("object_storage", "no"): ["s3://", "s3fs", "fsspec", "object store", "object_stor", "store_retry", "shard_cache",
+                               "data=shards", "datasets/shards", "datasets.shards", "datasets.sharded", "memory://",
+                               "remote_checkpoints", "data_at_scale", "moto", "botocore", "AWS_ACCESS", "AWS_ENDPOINT",
+                               "aws s3", "cache_limit_gb", "prepare shards", "text_shards", "sharded_store"],
 }
 
 # Readable ids: each bake differs from the defaults in one way (git_init=no keeps .git out).
@@ -91,16 +95,17 @@ BAKES = {
     "no_sweeps": {"sweeps": "no"},
     "no_fsdp": {"fsdp": "no"},
     "no_language_model": {"language_model": "no"},
+    "no_object_storage": {"object_storage": "no"},
     "default_resnet50": {"default_model": "resnet50"},
     "default_image_folder": {"default_data": "image_folder"},
     "default_language_model": {"default_task": "language_model"},
 }
 
 # Each option off alone (and the other default task): linted, collected whole, its layers checked as well.
-# (Every option off at once runs its quick part: test_project_with_every_other_choice_...)
+# (Every option off at once runs its whole suite: test_the_smallest_project_...)
 # (mlflow=no and wandb=no alone each take one tracker's module and tests: no_trackers takes both.)
 COLLECTED = ("no_tensorboard", "no_trackers", "no_slurm", "no_container", "no_kubernetes", "no_sweeps", "no_fsdp",
-             "no_language_model", "default_language_model")  # fmt: skip
+             "no_language_model", "no_object_storage", "default_language_model")  # fmt: skip
 
 
 def bake(tmp_path: Path, extra: dict[str, str]) -> Path:
@@ -236,6 +241,34 @@ def test_hook_message_is_one_line_from_the_command_line(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+# The smallest bake (every capability option `no`, DDP on images), with every other name and the other choices
+# of python and license: its whole suite runs (test_smallest_project_...), and the defaults bake's slow tests
+# that it holds as well (the same ids: the engine's end-to-end promises) run there only.
+SMALLEST = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11", "license": "none",
+            **{name: "no" for name, value in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
+               if value == ["yes", "no"] and name != "git_init"}}  # fmt: skip
+
+
+def slow_test_ids(project: Path) -> set[str]:
+    """The ids of a baked project's slow tests, as its pytest collects them."""
+    collect = ["--collect-only", "-q", "-m", "slow", "-p", "no:cacheprovider", "-n", "0"]
+    found = subprocess.run([sys.executable, "-m", "pytest", *collect], cwd=project, capture_output=True, text=True,
+                           env=python_env())  # fmt: skip
+    assert found.returncode == 0, found.stdout[-3000:] + found.stderr[-3000:]
+    return {line for line in found.stdout.splitlines() if "::" in line}
+
+
+def run_suite(project: Path, *args: str) -> str:
+    """A baked project's suite (its own `-n 2`), the report (test times included) kept in pytest's temporary
+    dirs for a look after CI; its output, asserted to have passed."""
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "--junitxml=tests-report.xml", *args], cwd=project, capture_output=True, text=True,
+                           env=python_env())  # fmt: skip
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    assert " passed" in tests.stdout and " failed" not in tests.stdout
+    return tests.stdout
+
+
 @pytest.mark.slow
 def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -> None:
     project = bake(tmp_path, {})
@@ -245,43 +278,23 @@ def test_generated_project_passes_its_linter_and_its_own_tests(tmp_path: Path) -
     # beside ruff; niced, so that it takes the cores the suite's jobs leave idle (their waits), not theirs.
     types = subprocess.Popen(["nice", "-n", "15", sys.executable, "-m", "mypy"], cwd=project,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    tests = subprocess.run(
-        # The report (test times included) stays in pytest's kept temporary dirs for a look after CI.
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=tests-report.xml"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        env=python_env(),
-    )
+    # Every test, less the slow ones the smallest bake's whole suite runs too (the same test of the same engine)
+    shared = slow_test_ids(project) & slow_test_ids(bake(tmp_path / "smallest", SMALLEST))
+    assert len(shared) > 40, sorted(shared)
+    run_suite(project, *(f"--deselect={test}" for test in sorted(shared)))
     typed, _ = types.communicate()
     assert types.returncode == 0, typed[-6000:]
-    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
-    assert " passed" in tests.stdout and " failed" not in tests.stdout
 
 
 @pytest.mark.slow
-def test_project_with_every_other_choice_passes_its_linter_and_fast_tests(tmp_path: Path) -> None:
-    choices = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11",
-               "license": "none", "tensorboard": "no", "mlflow": "no", "wandb": "no", "slurm": "no", "container": "no",
-               "kubernetes": "no", "sweeps": "no", "fsdp": "no", "language_model": "no", "default_model": "resnet18",
-               "default_data": "cifar10"}  # fmt: skip  # default_task=language_model needs the language model
-    project = bake(tmp_path, choices)
+def test_the_smallest_project_passes_its_linter_its_layers_and_its_whole_suite(tmp_path: Path) -> None:
+    """Every capability option `no`: what stays imports nothing that went (ruff, import-linter's layer contracts in
+    its tests/test_layers.py), and every core promise holds in it: its whole suite, the slow tests too."""
+    project = bake(tmp_path, SMALLEST)
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    # The fast tests, less those that run the launch scripts (the same scripts the defaults bake tests). What
-    # the choices change runs: the configs and their defaults, the launcher, the sinks left or taken out, the
-    # datasets, the entry points, the engine's tests of what the language model's went with (a token-weighted
-    # loss, activation checkpointing on models of the tests' own), the layout's and docs' own.
-    tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-k", "not launch_script", "-p", "no:cacheprovider"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        env=python_env(),
-    )  # fmt: skip
-    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
-    summary = tests.stdout.strip().splitlines()[-1]  # a module that fails to import is an error, exit code 1
-    assert (passed := re.search(r"(\d+) passed", summary)) and int(passed.group(1)) > 300, summary
+    summary = run_suite(project).strip().splitlines()[-1]
+    assert (passed := re.search(r"(\d+) passed", summary)) and int(passed.group(1)) > 600, summary
 
 
 def readme_commands(heading: str) -> list[str]:

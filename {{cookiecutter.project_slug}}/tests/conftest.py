@@ -1,11 +1,15 @@
-"""The fixtures tests in any folder may use (a fixture one test file alone needs stays in that file)."""
+"""The fixtures tests in any folder may use (a fixture one test file alone needs stays in that file); those of
+a capability the project may be made without are in a module of their own beside this file, registered by
+what is present (FIXTURES_MODULES)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 # What the launch scripts give every worker (launch/plan.py), before this process's first matrix product:
 # Intel MKL's products then have the same bits at any memory alignment, so the runs made here, in
@@ -19,6 +23,15 @@ from hydra.core.global_hydra import GlobalHydra
 from {{cookiecutter.package_name}} import eval as eval_entry
 from {{cookiecutter.package_name}} import train as train_entry
 from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV
+
+# The modules beside this file that declare `FIXTURES = (...)` (the names of the fixtures they define): each a
+# capability's own, which a project made without it lacks, so none is named here.
+FIXTURES_MODULES = sorted(
+    f"{__package__}.{path.stem}"
+    for path in Path(__file__).parent.glob("*.py")
+    if re.search(r"^FIXTURES = ", path.read_text(), re.MULTILINE)
+)
+pytest_plugins = FIXTURES_MODULES
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,18 +72,3 @@ def in_process(monkeypatch, fresh_logging) -> Iterator[list[int]]:
         monkeypatch.delenv(name, raising=False)
     yield exits
     GlobalHydra.instance().clear()
-
-
-@pytest.fixture
-def s3_server(monkeypatch) -> Iterator:
-    """A real S3 API on 127.0.0.1 (tests/object_store.py), its credentials in this process's
-    environment as a user's would be; stopped after the test."""
-    from .object_store import start_s3_server
-
-    server = start_s3_server()
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    try:
-        yield server
-    finally:
-        server.stop()

@@ -1,6 +1,7 @@
-"""A real S3 API over HTTP on 127.0.0.1 for the tests: moto's server (`moto_server -p0`, the server
-s3fs's own tests run against), started by the test that needs it, with credentials that are a
-secret string no file of a run may hold (tests grep the run dir for it)."""
+"""The object stores of the tests, fixtures any test file may use (tests/conftest.py registers this module,
+FIXTURES below): a real S3 API over HTTP on 127.0.0.1, moto's server (`moto_server -p0`, the server s3fs's
+own tests run against), started by the test that needs it, with credentials that are a secret string no
+file of a run may hold (tests grep the run dir for it); and a store in this process's memory."""
 
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from {{cookiecutter.package_name}}.common.object_store import filesystem
+
+FIXTURES = ("s3_server", "memory_url")  # what tests/conftest.py registers this module for
 
 
 @dataclass
@@ -65,3 +71,26 @@ def start_s3_server(timeout: float = 30) -> S3Server:
             break
     process.kill()
     pytest.fail("moto_server did not start: pip install 'moto[server]'")
+
+
+@pytest.fixture
+def s3_server(monkeypatch) -> Iterator[S3Server]:
+    """moto's server, its credentials in this process's environment as a user's would be; stopped after
+    the test."""
+    server = start_s3_server()
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def memory_url(tmp_path: Path) -> Iterator[str]:
+    """A store in this process's memory, this test's own (fsspec's memory:// is one per process)."""
+    url = f"memory://{tmp_path.name}/run"
+    yield url
+    fs, root = filesystem(url)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)

@@ -148,16 +148,17 @@ def test_a_folder_of_shards_where_the_project_cannot_read_them_is_refused_in_one
     assert err.startswith(f"error: {folder} is a folder of shards, and this project was made without the strategies")
 
 
-def test_a_store_url_is_refused_in_one_line_by_eval_and_the_export(in_process, monkeypatch, capsys, tmp_path) -> None:
+def test_a_url_is_refused_in_one_line_by_eval_and_the_export(in_process, monkeypatch, capsys, tmp_path) -> None:
     from {{cookiecutter.package_name}}.export import main as export_main
 
-    url = "s3://bucket/run/checkpoints/step_00000003.pt"
+    url = "https://host/run/checkpoints/step_00000003.pt"
+    said = "a checkpoint is read from this machine's disk, not from a URL: copy it down first"
     with pytest.raises(SystemExit) as stopped:
         evaluate(monkeypatch, capsys, f"ckpt_path={url}")
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err.startswith(f"error: ckpt_path={url}: a checkpoint is read from this"), err
+    assert stopped.value.code == 2 and err.startswith(f"error: ckpt_path={url}: {said}"), err
     with pytest.raises(SystemExit) as stopped:
         export_main([url, str(tmp_path / "out.pt")])
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err.startswith(f"error: CHECKPOINT={url}: a checkpoint is read from this"), err
-    assert err.count("\n") == 1 and "copy it down first" in err
+    assert stopped.value.code == 2 and err.startswith(f"error: CHECKPOINT={url}: {said}"), err
+    assert err.count("\n") == 1 and err.rstrip().endswith(" and give the local path"), err

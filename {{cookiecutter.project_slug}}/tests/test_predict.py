@@ -161,9 +161,9 @@ def doctored(checkpoint: Path, tmp_path: Path) -> Path:
         ("doctored", "the checkpoint's config names model._target_=payload_module.Payload, which no config of this"),
         ("split=test", "split='test' is not one of val, train"),
         ("predict_as=token", "predict_as=token: task._target_={{ cookiecutter.package_name }}.tasks.Classification saves one"),
-        ("out=s3://bucket/p.pt", "out=s3://bucket/p.pt: predictions are written to this machine's disk"),
+        ("out=https://host/p.pt", "out=https://host/p.pt: predictions are written to this machine's disk"),
         ("out under a file", "out={out} cannot be written ({out.parent} is not a folder): give a path in a folder"),
-        ("ckpt_path=s3://bucket/c.pt", "ckpt_path=s3://bucket/c.pt: a checkpoint is read from this machine's disk"),
+        ("ckpt_path=https://host/c.pt", "ckpt_path=https://host/c.pt: a checkpoint is read from this machine's disk"),
     ],
 )
 def test_a_mistake_is_refused_in_one_line_and_nothing_is_written(

@@ -46,10 +46,10 @@ def test_first_line_is_the_type_and_the_first_line_of_the_message() -> None:
 
 def test_say_prints_one_line_with_its_credentials_hidden(capsys) -> None:
     say("tracking at http://user:s3cret@host:5000")
-    say("to stderr: s3://key:hunter2@bucket/x", err=True)
+    say("to stderr: https://key:hunter2@host/x", err=True)
     out, err = capsys.readouterr()
     assert out == "tracking at http://user:***@host:5000\n"
-    assert err == "to stderr: s3://key:***@bucket/x\n"
+    assert err == "to stderr: https://key:***@host/x\n"
 
 
 def test_say_survives_a_console_that_is_gone(monkeypatch) -> None:

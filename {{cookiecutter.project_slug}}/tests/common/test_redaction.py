@@ -8,13 +8,13 @@ from {{cookiecutter.package_name}}.common.redaction import redact, redact_text
 
 def test_passwords_in_uris_are_hidden_and_the_rest_kept() -> None:
     assert redact_text("http://user:pa55@host:5000/x") == "http://user:***@host:5000/x"
-    assert redact_text("s3://AKIA:wJ/x+y@bucket/pre and https://h/p") == "s3://AKIA:***@bucket/pre and https://h/p"
+    assert redact_text("ftp://AKIA:wJ/x+y@host/pre and https://h/p") == "ftp://AKIA:***@host/pre and https://h/p"
     plain = "http://host:5000/path, user:pw without a scheme"
     assert redact_text(plain) == plain
 
 
 def test_a_config_keeps_its_shape_with_every_secret_hidden() -> None:
     config = {"log": {"tracking_uri": "http://u:p@h", "tracker_api_key": "k" * 40, "token": ""},
-              "data": {"roots": ["s3://a:b@c", "local"]}, "seed": 3}  # fmt: skip
+              "data": {"roots": ["https://a:b@c", "local"]}, "seed": 3}  # fmt: skip
     assert redact(config) == {"log": {"tracking_uri": "http://u:***@h", "tracker_api_key": "***", "token": ""},
-                              "data": {"roots": ["s3://a:***@c", "local"]}, "seed": 3}  # fmt: skip
+                              "data": {"roots": ["https://a:***@c", "local"]}, "seed": 3}  # fmt: skip

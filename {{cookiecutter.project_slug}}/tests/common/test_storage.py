@@ -1,46 +1,42 @@
-"""common/storage.py: which settings name an object store, its client found or asked for in one line, and
-a store that does not answer said before any work, never with its credentials."""
+"""common/storage.py: a URL is no path on this machine's disk; a command that reads a checkpoint there
+refuses one in one line saying what to give, as does a setting that names a URL where the project keeps its
+files on its own disks only."""
 
 from __future__ import annotations
 
 import pytest
 
+from {{cookiecutter.package_name}}.common import storage
 from {{cookiecutter.package_name}}.common.errors import ConfigError
-from {{cookiecutter.package_name}}.common.storage import check_reachable, filesystem, is_remote
+from {{cookiecutter.package_name}}.common.storage import is_remote, local_path, store_module
 
 
 def test_urls_are_remote_and_paths_are_not() -> None:
-    assert is_remote("s3://bucket/prefix") and is_remote("gs://b/p")
+    assert is_remote("https://host/prefix") and is_remote("ftp://host/p")
     assert not any(map(is_remote, ["", "outputs/run/checkpoints", "/abs/path", "file:///tmp/x"]))
 
 
-def test_a_missing_client_package_is_one_line_saying_what_to_install() -> None:
-    with pytest.raises(ConfigError, match=r"^gs://bucket/x needs gcsfs: pip install gcsfs") as raised:
-        filesystem("gs://bucket/x")
-    assert "\n" not in str(raised.value)
-
-
-def test_a_store_that_does_not_answer_is_one_line_without_the_secret(monkeypatch) -> None:
-    for name, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "id",
-                        "AWS_SECRET_ACCESS_KEY": "hush-hush", "AWS_MAX_ATTEMPTS": "1"}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigError) as raised:
-        check_reachable("s3://bucket/run", "checkpoint.dir")
-    message = str(raised.value)
-    assert message.startswith("checkpoint.dir=s3://bucket/run: the store does not answer (")
-    assert "hush-hush" not in message and "\n" not in message
-
-
-@pytest.mark.parametrize("url", ["s3://KEY:SECRET@bucket/run", "s3://KEY@bucket/run", "gs://KEY:SECRET@bucket/run"])
-def test_credentials_in_the_url_are_refused_in_one_line_saying_how_to_give_them(url: str) -> None:
-    scheme = url.split("://")[0]
-    expected = (
-        f"checkpoint.dir={scheme}://***@bucket/run: credentials in the URL are not used: remove '...@' and give "
-        "them as the client reads them: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, "
-        "~/.aws/credentials, an instance role) for s3://"
+def test_a_checkpoint_url_is_refused_in_one_line_saying_to_copy_it_down(monkeypatch) -> None:
+    given = "outputs/run/checkpoints/step_00000004.pt"
+    assert local_path(given, "ckpt_path") == given
+    with pytest.raises(ConfigError) as refused:
+        local_path("https://user:secret@host/run/step_00000004.pt", "ckpt_path")
+    message = str(refused.value)
+    assert message.startswith("ckpt_path=https://user:***@host/run/step_00000004.pt: a checkpoint is read from this "
+                              "machine's disk, not from a URL: copy it down first")  # fmt: skip
+    assert message.endswith(" and give the local path") and "\n" not in message
+    monkeypatch.setattr(storage, "stores", lambda: None)  # a project made without stores: the line says no more
+    with pytest.raises(ConfigError) as refused:
+        local_path("https://host/run/step_00000004.pt", "model.init_from")
+    assert str(refused.value) == (
+        "model.init_from=https://host/run/step_00000004.pt: a checkpoint is read from this machine's disk, not from a "
+        "URL: copy it down first and give the local path"
     )
-    with pytest.raises(ConfigError) as raised:  # what the launcher asks before torchrun: nothing has started
-        check_reachable(url, "checkpoint.dir")
-    assert str(raised.value) == expected
-    with pytest.raises(ConfigError, match=r"^url=s3://\*\*\*@b/x: credentials in the URL"):  # the workers' way in
-        filesystem("s3://KEY:SECRET@b/x")
+
+
+def test_a_url_where_the_project_has_no_store_is_refused_in_one_line_saying_to_give_a_folder(monkeypatch) -> None:
+    monkeypatch.setattr(storage, "stores", lambda: None)  # a project made without stores
+    with pytest.raises(ConfigError) as refused:
+        store_module("https://user:secret@host/run", "checkpoint.dir")
+    assert str(refused.value) == ("checkpoint.dir=https://user:***@host/run: a URL, and this project keeps its files "
+                                  "on this machine's disks: give a folder")  # fmt: skip

@@ -29,9 +29,6 @@ def test_safe_changes_are_allowed_and_listed() -> None:
     switched = [f"strategy: 'ddp' -> '{WIDEST}'"] if WIDEST != "ddp" else []  # where the project has another
     assert changes == ["data.batch_size: 64 -> 16", "optim.lr: 0.1 -> 0.01", *switched, "trainer.epochs: 4 -> 6"]
     assert resume(plain(), plain()) == []
-    shards = ["data=shards", "task=classification"]  # a store's shards cached elsewhere on a new machine
-    moved = resume(plain(*shards), plain(*shards, "data.cache_dir=/scratch/cache", "data.cache_limit_gb=2"))
-    assert moved == ["data.cache_dir: '' -> '/scratch/cache'", "data.cache_limit_gb: 10 -> 2"]
 
 
 def test_a_global_batch_set_or_changed_on_resume_is_allowed_and_listed_as_a_batch_size_change_is() -> None:

@@ -42,9 +42,9 @@ def test_a_key_outside_the_schema_is_refused_not_ignored(override: str) -> None:
 
 
 def test_the_config_a_checkpoint_and_the_trackers_get_holds_no_password() -> None:
-    config = to_train_config(compose_config(["data=cifar10", "data.root=s3://key:hush@bucket/cifar"]))
-    assert to_plain_dict(config)["data"]["root"] == "s3://key:***@bucket/cifar"
-    assert config.data.node["root"] == "s3://key:hush@bucket/cifar", "the job itself uses the real value"
+    config = to_train_config(compose_config(["data=cifar10", "data.root=https://key:hush@host/cifar"]))
+    assert to_plain_dict(config)["data"]["root"] == "https://key:***@host/cifar"
+    assert config.data.node["root"] == "https://key:hush@host/cifar", "the job itself uses the real value"
 
 
 def test_an_evaluations_data_override_reaches_the_checkpoints_data_set_or_is_refused() -> None:

@@ -167,7 +167,7 @@ def test_resume_from_a_path_and_never_over_existing_checkpoints(reference: Path,
     assert f"resumed from {source}" in proc.stderr
     assert_bit_identical(reference, run_dir, step=LAST_STEP)
     # checkpoint.resume=never over a run's checkpoints, and a path that is not there, refused in one line
-    # before any work: tests/engine/checkpoint/test_writer.py, test_store.py, tests/engine/assembly/test_checks.py.
+    # before any work: tests/engine/checkpoint/test_writer.py, tests/engine/assembly/test_checks.py.
 
 
 def torchrun_agent(launcher_pid: int) -> int:

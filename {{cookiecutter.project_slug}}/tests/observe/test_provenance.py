@@ -28,7 +28,7 @@ from {{cookiecutter.package_name}}.observe.provenance import (
 
 from ..helpers import compose_config, cpu_env
 
-SECRETS = ("secret123", "aws-secret-456", "hunter2", "tok789", "pw777", "pw888")
+SECRETS = ("secret123", "db-secret-456", "hunter2", "tok789", "pw777", "pw888")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -56,11 +56,11 @@ def secret_environment(monkeypatch) -> None:
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth0")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setenv("HF_TOKEN", "secret123")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-456")
+    monkeypatch.setenv("DATABASE_PASSWORD", "db-secret-456")
     monkeypatch.setenv("NCCL_PROXY_URL", "http://me:hunter2@proxy:3128")  # allowed name, a password inside
     monkeypatch.setenv("TORCH_HUB_TOKEN", "tok789")  # allowed prefix, a secret's name
     monkeypatch.setattr(sys, "argv", ["train.py", "trainer.epochs=2", "+log.service_password=pw777"])
-    monkeypatch.setenv(LAUNCH_COMMAND_ENV, json.dumps(["single", "NPROC_PER_NODE=2", "data.url=s3://k:pw888@b"]))
+    monkeypatch.setenv(LAUNCH_COMMAND_ENV, json.dumps(["single", "NPROC_PER_NODE=2", "data.url=https://k:pw888@b"]))
 
 
 def test_a_dirty_tree_records_its_commit_dirtiness_and_diff_and_no_secret(
@@ -80,9 +80,9 @@ def test_a_dirty_tree_records_its_commit_dirtiness_and_diff_and_no_secret(
     assert record["environment"]["NCCL_SOCKET_IFNAME"] == "eth0" and record["environment"]["OMP_NUM_THREADS"] == "3"
     assert record["environment"]["NCCL_PROXY_URL"] == "http://me:***@proxy:3128"
     assert record["environment"]["TORCH_HUB_TOKEN"] == "***"
-    assert "HF_TOKEN" not in text and "AWS_SECRET_ACCESS_KEY" not in text  # never other variables
+    assert "HF_TOKEN" not in text and "DATABASE_PASSWORD" not in text  # never other variables
     assert record["command"]["argv"] == ["train.py", "trainer.epochs=2", "+log.service_password=***"]
-    assert record["command"]["launcher"] == ["single", "NPROC_PER_NODE=2", "data.url=s3://k:***@b"]
+    assert record["command"]["launcher"] == ["single", "NPROC_PER_NODE=2", "data.url=https://k:***@b"]
     for secret in SECRETS:
         assert secret not in text, secret
     assert summary(record) == f"trained at commit {record['git']['commit']} with uncommitted changes"

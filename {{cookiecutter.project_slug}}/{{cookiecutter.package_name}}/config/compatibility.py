@@ -14,7 +14,7 @@ promise, and are refused in one line that names the keys and says how to go on:
   batch_size, global_batch_size, micro_batch_size, num_workers and on_device): mid-epoch, samples would be
   repeated or never seen. A resume counts the samples of the epoch done, not the steps, so it may batch them
   otherwise; and with data.global_batch_size set, the world size changes neither the steps nor their samples. Data
-  prepared again under the same `data.root` (data=shards) is such a change too: a
+  prepared again under the same `data.root` (a prepared kind's files) is such a change too: a
   checkpoint records the data's id (engine/assembly/compatibility.py's SamePreparedData).
 `checkpoint.allow_changes` lists the keys (or a prefix of them, `data`) a user accepts changing
 anyway. Every other change (more epochs, the learning rate, precision, the strategy, logging) is
@@ -32,11 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from ..common.errors import ConfigError
+from ..common.registry import modules_with
 
 REFUSED = ("model", "optim._target_", "seed", "data")
-# The same samples, batched otherwise or cached elsewhere (data=shards' local cache of a store's shards).
+# The same samples, batched otherwise, or cached elsewhere (the RESUMABLE_LOADER_KEYS of a capability's
+# module of this package, found by what is present).
+ADDED = modules_with(__package__, [str(Path(__file__).parent)], "RESUMABLE_LOADER_KEYS")
+ADDED_KEYS = tuple(key for added in ADDED for key in getattr(added, "RESUMABLE_LOADER_KEYS", ()))  # not this module
 LOADER_KEYS = ("data.batch_size", "data.global_batch_size", "data.micro_batch_size", "data.num_workers",
-               "data.on_device", "data.cache_dir", "data.cache_limit_gb")  # fmt: skip
+               "data.on_device", *ADDED_KEYS)  # fmt: skip
 # What a finished run may be relaunched with, changed, without anything being silently ignored.
 # model.init_from: only a new run reads it (init_weights.py), so a resume never refuses it; nor the trust
 # it is read with (trust_checkpoint).

@@ -122,7 +122,9 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], con
             continue
         if section in CONFIG_GROUPS:
             merged[section] = value
-        else:
+        else:  # of a section's settings, those this project has (not those of a capability it was made without)
+            if isinstance(value, dict) and isinstance(composed[section], DictConfig):
+                value = {key: item for key, item in value.items() if key in composed[section]}
             merged = OmegaConf.merge(merged, {section: value})  # type: ignore[assignment]
     for key in given:  # a dotted override (trainer.eval_batches=...) keeps the user's value
         if "." in key and key.split(".", 1)[0] not in given and key.split(".", 1)[0] not in CONFIG_GROUPS:

@@ -6,10 +6,12 @@ extends one of these dataclasses, so Hydra rejects a wrong type at composition t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from omegaconf import MISSING
 
+from ..common.registry import modules_with
 from .batches import global_batch_keys
 from .strategies import STRATEGY_SECTIONS, check_strategy_options, with_strategy_sections
 from .values import (
@@ -27,6 +29,30 @@ from .values import (
     train_defaults,
     whole_number,
 )
+
+# The modules of this package that add settings to a section (each its SECTION_FIELDS and check_section):
+# those of the capabilities the project was made with, found by what is present.
+FIELD_MODULES = modules_with(__package__, [str(Path(__file__).parent)], "SECTION_FIELDS")
+Section = TypeVar("Section")
+
+
+def with_fields(section: str):  # noqa: ANN201 (a class decorator)
+    """A dataclass-to-be with each field that FIELD_MODULES add to `section` (its type and default)."""
+
+    def add(cls: type[Section]) -> type[Section]:
+        for module in (module for module in FIELD_MODULES if hasattr(module, "check_section")):  # not this one
+            for name, (kind, default) in module.SECTION_FIELDS.get(section, {}).items():
+                cls.__annotations__[name] = kind  # a type, not a string: OmegaConf resolves it as it is
+                setattr(cls, name, default)
+        return cls
+
+    return add
+
+
+def check_fields(section: str, config: Any) -> None:
+    """The rules of the settings FIELD_MODULES add to `section`."""
+    for module in (module for module in FIELD_MODULES if hasattr(module, "check_section")):
+        module.check_section(section, config)
 
 
 @dataclass
@@ -177,13 +203,13 @@ class DistConfig:
 
 
 @dataclass
+@with_fields("checkpoint")
 class CheckpointConfig:
     every_n_steps: int = MISSING
     keep_last: int = MISSING
     resume: str = MISSING
     allow_changes: list[str] = MISSING
-    dir: str = ""  # where checkpoints go: "" for <run dir>/checkpoints, a folder, or s3://bucket/prefix
-    store_retry_s: float = 120.0  # a failing store is retried this long, then the job stops (store.py)
+    dir: str = ""  # where checkpoints go: "" for <run dir>/checkpoints, or a folder (a store's URL: with_fields)
     keep_best: int = MISSING
     monitor: str = MISSING
     mode: str = MISSING
@@ -198,7 +224,7 @@ class CheckpointConfig:
             f"checkpoint.monitor={self.monitor!r} is not a validation figure: give val_<metric> as metrics.jsonl "
             "names it, e.g. val_loss or val_acc",
         )
-        require_positive("checkpoint.store_retry_s", self.store_retry_s)
+        check_fields("checkpoint", self)
 
 
 class LogConfig(dict):

@@ -1,4 +1,4 @@
-"""Data written once, read by every run: one subcommand per kind of data (docs/data_at_scale.md).
+"""Data written once, read by every run: one subcommand per kind of data.
 
 `python -m <package>.datasets.prepare KIND ...`, or the console script `<package>-prepare KIND ...`
 once installed; `prepare --help` lists the kinds this project has.

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..common.errors import JobError, first_line
+from ..common.object_store import filesystem
 from ..common.redaction import redact_text
-from ..common.storage import filesystem
 
 log = logging.getLogger(__name__)
 RETRY_S = 120.0  # how long a failing store is retried before the job stops (a store's restart fits)

@@ -31,8 +31,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..common.errors import ConfigError, first_line, say
+from ..common.object_store import check_reachable, filesystem
 from ..common.registry import modules_with
-from ..common.storage import check_reachable, filesystem, is_remote
+from ..common.storage import is_remote
 from .images import check_image_tree, normalise
 from .shard_cache import ShardCache, cache_folder
 

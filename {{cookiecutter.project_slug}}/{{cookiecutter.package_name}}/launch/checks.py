@@ -83,7 +83,7 @@ def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Pat
     """What the launcher checks before torchrun, in well under a second: the config as the workers
     will compose it, the backend for this launch's processes and GPUs, the run dir (its `${...}`
     resolved as the workers would), and whether this machine holds that many workers' start
-    (warned where they outnumber the cores), and that an object store for the checkpoints answers.
+    (warned where they outnumber the cores), and that a store the checkpoints go to answers.
     Returns the run dir."""
     cfg, config = checked_config(overrides, launch)
     check_store(config.checkpoint.dir)
@@ -97,14 +97,14 @@ def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Pat
 
 
 def check_store(url: str) -> None:
-    """An object store for the checkpoints that does not answer: one line now, not a job that trains
-    and then cannot save."""
+    """A checkpoint.dir that is a URL: one line now where it names no store this project reaches, or one that
+    does not answer, not a job that trains and then cannot save."""
     from ..common.errors import ConfigError
-    from ..common.storage import check_reachable, is_remote
+    from ..common.storage import is_remote, store_module
 
     if is_remote(url):
         try:
-            check_reachable(url, "checkpoint.dir")
+            store_module(url, "checkpoint.dir").check_reachable(url, "checkpoint.dir")
         except ConfigError as error:
             raise LaunchError(str(error)) from None
 

@@ -87,8 +87,6 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
         root.removeHandler(handler)
         handler.close()
     root.setLevel(logging.INFO)
-    for chatty in ("botocore", "aiobotocore", "s3fs"):  # an object store's client: "found credentials in ..."
-        logging.getLogger(chatty).setLevel(logging.WARNING)
 
     console = logging.StreamHandler(sys.stderr)
     console_level = logging.INFO if env.is_main or all_ranks_console else logging.WARNING

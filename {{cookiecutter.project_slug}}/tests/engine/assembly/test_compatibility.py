@@ -57,17 +57,17 @@ def test_nodes_that_differ_in_what_a_resume_accepts_or_where_it_resumes_from_are
 
 
 def test_prepared_data_prepared_again_under_the_same_root_is_refused_unless_accepted() -> None:
-    saved = SamePreparedData({"root": "data/shards", "id": "a" * 32}, []).state_dict()
-    assert saved == {"prepared_data": "a" * 32}, "the id only: a store's root may hold a key"
+    saved = SamePreparedData({"root": "data/prepared", "id": "a" * 32}, []).state_dict()
+    assert saved == {"prepared_data": "a" * 32}, "the id only, not the root (a URL may hold a key)"
     SamePreparedData({"root": "data/moved", "id": "a" * 32}, []).load_state_dict(saved)  # the same data, moved
     with pytest.raises(ConfigError) as refused:
-        SamePreparedData({"root": "data/shards", "id": "b" * 32}, []).load_state_dict(saved)
+        SamePreparedData({"root": "data/prepared", "id": "b" * 32}, []).load_state_dict(saved)
     message = str(refused.value)
-    assert message.startswith("data.root=data/shards was prepared again since the checkpoint was written (its id "
+    assert message.startswith("data.root=data/prepared was prepared again since the checkpoint was written (its id "
                               "bbbbbbbbbbbb, the checkpoint's aaaaaaaaaaaa)") and "\n" not in message  # fmt: skip
     assert message.endswith("or accept it: checkpoint.allow_changes=[data.root]")
     for allowed in (["data.root"], ["data"]):
-        SamePreparedData({"root": "data/shards", "id": "b" * 32}, allowed).load_state_dict(saved)
-    SamePreparedData({"root": "data/shards", "id": "b" * 32}, []).load_state_dict({})  # a checkpoint of before
+        SamePreparedData({"root": "data/prepared", "id": "b" * 32}, allowed).load_state_dict(saved)
+    SamePreparedData({"root": "data/prepared", "id": "b" * 32}, []).load_state_dict({})  # a checkpoint of before
     SamePreparedData(None, []).load_state_dict(saved)  # an in-memory data set now: data.* keys tell the change
     assert SamePreparedData(None, []).state_dict() == {}

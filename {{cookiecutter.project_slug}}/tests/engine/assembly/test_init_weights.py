@@ -114,10 +114,13 @@ def test_weights_of_which_only_buffers_fit_are_refused_in_one_line() -> None:
     assert str(error.value) == said + "weights of this model"
 
 
-def test_a_store_url_is_refused_in_one_line_not_read_as_a_mangled_path() -> None:
+def test_a_url_is_refused_in_one_line_not_read_as_a_mangled_path() -> None:
     with pytest.raises(ConfigError) as error:
-        initialise_from(net(3), "s3://bucket/run/step_00000004.pt", CPU, has_checkpoint=False)
-    assert str(error.value).startswith("model.init_from=s3://bucket/run/step_00000004.pt: a checkpoint is read from ")
+        initialise_from(net(3), "https://host/run/step_00000004.pt", CPU, has_checkpoint=False)
+    message = str(error.value)
+    assert message.startswith("model.init_from=https://host/run/step_00000004.pt: a checkpoint is read from this "
+                              "machine's disk, not from a URL: copy it down first")  # fmt: skip
+    assert message.endswith(" and give the local path") and "\n" not in message
 
 
 JOB = ["model=small_cnn", "model.width=4", "data=synthetic", "data.train_size=16", "data.val_size=8",

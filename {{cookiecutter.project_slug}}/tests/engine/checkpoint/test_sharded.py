@@ -2,8 +2,7 @@
 plain model, the EMA's where it holds one, as model.init_from reads it too), with every rank's shard file
 named; a ddp checkpoint loads into a sharded model and its optimizer; the metadata is read without running
 code (a doctored folder, refused as a doctored file is: test_trust.py runs each strategy's); at a resume, a
-folder that does not load is set aside for the one before, and one missing another node's shards is completed
-from the store."""
+folder that does not load is set aside for the one before."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import io
 import logging
 import logging.handlers
 import pickle
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -23,7 +21,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
+from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
@@ -33,19 +31,16 @@ from {{cookiecutter.package_name}}.engine.checkpoint.files import with_owner_ten
 from {{cookiecutter.package_name}}.engine.checkpoint.sharded import (
     MetadataUnpickler,
     SafeReader,
-    ShardedCheckpointer,
     load_full_state,
     load_into,
     load_owner_tensors,
     read_whole,
     shard_files,
 )
-from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 from {{cookiecutter.package_name}}.models import SmallCNN
 
 from ...helpers import CPU, TINY, assert_same, compose_config, on_ranks, record_fsyncs, train_one_epoch
-from .test_store import config as store_config
 
 
 def fit(env: DistEnv, run_dir: Path, *overrides: str) -> None:
@@ -309,60 +304,7 @@ def test_a_ddp_checkpoint_loads_into_a_sharded_model_and_optimizer_each_paramete
     assert [group["lr"] for group in loaded["before"]] == [0.1, 0.1], "the fsdp run's own lr, replaced"
 
 
-def save_to_a_store(env: DistEnv, tmp_path: Path) -> dict[str, Any]:
-    """An fsdp trainer's checkpoint of step 1 to an object store (fsspec's memory://, this process's),
-    saved twice; then step 2's, which the disk refuses (full)."""
-    import errno
-
-    from {{cookiecutter.package_name}}.engine.checkpoint import sharded
-
-    trained = one_step(env, tmp_path / "run", "strategy=fsdp", f"checkpoint.dir=memory://{tmp_path.name}/run",
-                       "checkpoint.store_retry_s=2")  # fmt: skip
-    writer, state = trained.checkpoints.writer, trained.checkpoints.state_dict()
-    written: list[int] = []
-    writer.on_written.append(written.append)  # what the trackers' sinks are told (engine/assembly/build.py)
-    said = logging.getLogger(type(writer).__mro__[1].__module__)  # the writer's log, which the commit uses
-    said.setLevel(logging.INFO)
-    said.addHandler(lines := logging.handlers.BufferingHandler(100))
-    store, sent = writer.store, []
-    put_file = store.fs.put_file  # each object of step 1 sent once: the ranks their shards, the writer trainer.pt
-    store.fs.put_file = lambda source, target, **kwargs: sent.append(target) or put_file(source, target, **kwargs)
-    saved = [writer.save(1, state), writer.save(1, state)]
-    writer.wait()
-    uploaded = sorted(path.rsplit("/", 1)[-1] for path in store.fs.ls(f"{store.root}/step_00000001", detail=False))
-
-    def full(*args: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    sharded.write_atomically = full  # trainer.pt, the last file of a folder, cannot be written
-    writer.save(2, state)
-    try:
-        writer.wait()
-    except JobError as error:
-        refused = str(error)
-    sent = sorted(target.rsplit("/", 1)[-1] for target in sent if "/step_00000001/" in target)
-    return {"saved": saved, "last": writer.last_saved_step, "names": store.names(), "uploaded": uploaded, "sent": sent,
-            "refused": refused, "written": written, "said": [line.getMessage() for line in lines.buffer]}  # fmt: skip
-
-
-@pytest.mark.slow
-def test_an_fsdp_checkpoint_goes_up_whole_once_and_a_failed_one_is_named(tmp_path: Path) -> None:
-    result = on_ranks(1, save_to_a_store, tmp_path)[0]
-    assert result["saved"] == [True, False] and result["last"] == 2, "a step is saved once"
-    assert result["uploaded"] == [".metadata", "__0_0.distcp", "trainer.pt"], "this rank's shards, then trainer.pt"
-    assert result["sent"] == result["uploaded"], "each object sent once"
-    assert result["names"] == ["step_00000001"], "whole in the store; step 2, never written, is not there"
-    assert result["written"] == [1] and len(result["said"]) == 1, result["said"]
-    folder = tmp_path / "run" / "checkpoints"
-    assert result["said"][0].startswith(f"saved checkpoint {folder / 'step_00000001'} (written in ")
-    assert result["refused"] == (
-        f"writing checkpoint {folder / 'step_00000002'} failed (OSError: [Errno 28] No "
-        "space left on device); the previous checkpoints are intact: free some space or fix the run dir's "
-        "permissions, then launch again"
-    )
-
-
-# --- a resume: past a folder that does not load (engine/checkpoint/manager.py), and from the store's shards
+# --- a resume: past a folder that does not load (engine/checkpoint/manager.py)
 
 
 def resume_past_a_corrupt_shard(env, run_dir: Path) -> tuple[int, list[str]]:
@@ -403,24 +345,3 @@ def test_a_sharded_checkpoint_that_does_not_load_is_set_aside_for_the_one_before
         assert warned[0].endswith("); trying the one before") and reason.startswith("CheckpointException: "), warned[0]
         assert "\n" not in reason, warned[0]  # the error's first line
     assert (tmp_path / "checkpoints" / "step_00000004.unreadable").is_dir()
-
-
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: meant
-def test_a_local_folder_of_shards_missing_another_nodes_shards_is_completed_from_the_store(
-    memory_url: str, tmp_path: Path, caplog
-) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    written = tmp_path / "written" / "step_00000005"
-    dcp.save({"model": {"w": torch.ones(4)}}, checkpoint_id=written, no_dist=True)
-    torch.save({"step": 5, "epoch": 0, "samples_in_epoch": 5}, written / "trainer.pt")
-    CheckpointStore(memory_url, 1.0).upload(written, written.name)
-    local = tmp_path / "node0" / "checkpoints"
-    shutil.copytree(written, local / written.name)
-    shards = sorted(item.name for item in written.glob("*.distcp"))
-    (local / written.name / shards[0]).unlink()  # without a shared disk: another node's shard is not here
-    caplog.set_level(logging.INFO)
-    path, payload = ShardedCheckpointer(local, store_config(memory_url), is_writer=True).find_resume_payload()
-    assert path == local / written.name and payload["step"] == 5
-    assert (path / shards[0]).is_file(), "the missing shard brought down from the store"
-    assert caplog.messages[-1].startswith(f"resuming from the store's {memory_url}/step_00000005, brought down")

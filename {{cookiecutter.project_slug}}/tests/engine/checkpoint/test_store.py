@@ -4,7 +4,7 @@ a store that stops answering is retried for a bounded time, then one line says w
 In this process's memory (fsspec's memory://): rank 0 waits for the other ranks' shards before it makes
 a folder whole, as long as they take to come up, for checkpoint.store_retry_s at most; the local
 checkpoints and the store are one history (the newest of either resumed); a checkpoint.dir belongs to
-one run."""
+one run (tests/engine/checkpoint/test_owner.py's test, with a store)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.common.errors import ConfigError, JobError
-from {{cookiecutter.package_name}}.common.storage import check_reachable
+from {{cookiecutter.package_name}}.common.object_store import check_reachable
 from {{cookiecutter.package_name}}.config import CheckpointConfig
+from {{cookiecutter.package_name}}.engine.checkpoint.files import checkpoint_store
 from {{cookiecutter.package_name}}.engine.checkpoint.store import CheckpointStore
 from {{cookiecutter.package_name}}.engine.checkpoint.writer import Checkpointer
+
+from .test_owner import owned_by_the_first_run, state
 
 
 def config(url: str, keep_last: int = 2, retry_s: float = 1.0) -> CheckpointConfig:
@@ -28,15 +31,10 @@ def config(url: str, keep_last: int = 2, retry_s: float = 1.0) -> CheckpointConf
                             store_retry_s=retry_s)  # fmt: skip
 
 
-def state(step: int) -> dict:
-    return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step, "epoch": 0,
-            "samples_in_epoch": step}  # fmt: skip
-
-
 @pytest.mark.slow
 def test_checkpoints_go_up_whole_are_pruned_there_and_come_down_to_an_empty_disk(s3_server, tmp_path: Path) -> None:
     url = f"{s3_server.bucket()}/runs/a"
-    check_reachable(url, "checkpoint.dir")  # what the launcher asks before torchrun (tests/common/test_storage.py)
+    check_reachable(url, "checkpoint.dir")  # what the launcher asks before torchrun (tests/common/test_object_store.py)
     with pytest.raises(ConfigError, match="^checkpoint.dir=s3://no-such-bucket/a: the store does not answer"):
         check_reachable("s3://no-such-bucket/a", "checkpoint.dir")
     writer = Checkpointer(tmp_path / "node0", config(url), is_writer=True)
@@ -379,3 +377,20 @@ def test_a_checkpoint_dir_with_credentials_in_its_url_is_refused_naming_the_sett
     with pytest.raises(ConfigError) as refused:
         CheckpointStore("s3://KEY:SECRET@bucket/run/", retry_s=1.0)
     assert str(refused.value).startswith("checkpoint.dir=s3://***@bucket/run: credentials in the URL are not used: ")
+
+
+def test_a_checkpoint_dir_that_is_a_url_goes_to_store_pys_store(tmp_path: Path) -> None:
+    """files.checkpoint_store: this project's store for a URL, retried for checkpoint.store_retry_s (a folder's
+    None, and a project without stores: tests/engine/checkpoint/test_files.py)."""
+    store = checkpoint_store(CheckpointConfig(dir="memory://bucket/run", store_retry_s=3.0), tmp_path)
+    assert type(store).__module__ == "{{cookiecutter.package_name}}.engine.checkpoint.store" and store.retry_s == 3.0
+
+
+def test_a_checkpoint_dir_in_a_store_belongs_to_the_run_that_first_used_it(
+    memory_url: str, tmp_path: Path, monkeypatch
+) -> None:
+    def mark(writer: Checkpointer, text: str | None) -> None:  # a store that came back empty: None
+        store = writer.store
+        store.write_text(".owner", text) if text is not None else store.fs.rm(f"{store.root}/.owner")
+
+    owned_by_the_first_run(memory_url, tmp_path, monkeypatch, config, mark)

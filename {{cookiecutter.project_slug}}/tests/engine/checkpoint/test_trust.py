@@ -20,6 +20,7 @@ import {{cookiecutter.package_name}}
 from {{cookiecutter.package_name}} import eval as eval_entry
 from {{cookiecutter.package_name}} import predict as predict_entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError
+from {{cookiecutter.package_name}}.common.run_dir import FINISHED_MARKER
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.assembly.init_weights import read_weights
@@ -172,7 +173,7 @@ def test_what_the_projects_configs_could_name_is_trusted_and_nothing_else() -> N
         assert trusted(target), target
     for target in (f"{package}.engine.checkpoint.trust.check_trusted", f"{package}.launch.job.train",
                    f"{package}.models", f"{package}.models.nothing", f"{package}.datasets.images.TensorImages",
-                   f"{package}.datasets.shard_cache.remove_unused"):  # fmt: skip
+                   f"{package}.common.run_dir.clear_markers"):  # fmt: skip
         assert not trusted(target), target
     with pytest.raises(ConfigError, match=r"names model.layers\[1\]._target_=evil.f, "):
         check_trusted({"model": {"_target_": "torch.nn.Sequential", "layers": [{}, {"_target_": "evil.f"}]}}, 0, "x")
@@ -262,7 +263,7 @@ def public_callables() -> Iterator[tuple[str, Any]]:
 
 def test_every_public_callable_of_the_package_off_the_allowlist_is_refused(monkeypatch) -> None:
     found = dict(public_callables())
-    assert len(found) > 300 and "{{cookiecutter.package_name}}.datasets.shard_cache.remove_unused" in found
+    assert len(found) > 300 and "{{cookiecutter.package_name}}.common.run_dir.clear_markers" in found
     allowed = {f"{{cookiecutter.package_name}}.{name}" for name in BUILDABLE | registered_beside()}
     assert allowed <= found.keys()
     for target in found:
@@ -285,13 +286,15 @@ def test_every_public_callable_of_the_package_off_the_allowlist_is_refused(monke
 def test_a_package_function_in_a_nested_node_is_refused_by_every_command_before_it_runs(
     genuine, tmp_path, in_process, monkeypatch, capsys
 ) -> None:
-    """The issue's case: a genuine checkpoint whose model node holds a node naming a function of the package's
-    data sets that deletes its `path` (a cache's eviction). Each command refuses it in one line, exit code 2."""
-    victim = tmp_path / "victim.txt"
+    """The issue's case: a genuine checkpoint whose model node holds a node naming a function of the package
+    that deletes files of the folder it is given (a run dir's markers, before a job). Each command refuses it
+    in one line, exit code 2."""
+    victim = tmp_path / "victim" / FINISHED_MARKER
+    victim.parent.mkdir()
     victim.write_text("kept")
-    evil = {"_target_": "{{cookiecutter.package_name}}.datasets.shard_cache.remove_unused", "path": str(victim)}
+    target = "{{cookiecutter.package_name}}.common.run_dir.clear_markers"
+    evil = {"_target_": target, "run_dir": str(victim.parent)}
     path = doctored(genuine, "ddp", tmp_path, "model.extra", evil)
-    target = "{{cookiecutter.package_name}}.datasets.shard_cache.remove_unused"
     # (Each other command on a checkpoint refuses it too: its own test file, with this file's `doctored`.)
     commands = [(eval_entry, ["eval.py"]), (predict_entry, ["predict.py", f"out={tmp_path / 'p.pt'}"])]
     for entry, argv in commands:
@@ -332,14 +335,16 @@ def test_a_data_path_of_the_checkpoint_is_read_only_where_the_command_or_a_confi
 ) -> None:
     """A checkpoint never picks what eval.py and predict read, cache, evict or fetch: a path of its data node
     must be one the command gives (or a config file of the project holds); a download, the command's."""
-    shards = {"_target_": "{{cookiecutter.package_name}}.datasets.sharded", "root": str(tmp_path / "elsewhere"), "cache_dir": ""}
-    path = doctored(genuine, "ddp", tmp_path, "data.dataset", shards)
+    images = {"_target_": "{{cookiecutter.package_name}}.datasets.image_folder", "root": str(tmp_path / "elsewhere"),
+              "image_size": 8, "num_classes": 10}  # fmt: skip
+    path = doctored(genuine, "ddp", tmp_path, "data.dataset", images)
     monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={path}"])
     with pytest.raises(SystemExit) as stopped:
         eval_entry.main()
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.count("\n") == 1, err
-    said = f"gives data.dataset.root={tmp_path / 'elsewhere'} to data.dataset._target_={{cookiecutter.package_name}}.datasets.sharded"
+    said = (f"gives data.dataset.root={tmp_path / 'elsewhere'} to "
+            "data.dataset._target_={{cookiecutter.package_name}}.datasets.image_folder")  # fmt: skip
     assert said in err and "give it on the command line" in err, err
     node = {"root": "/data/x", "dataset": {"_target_": "t", "root": "/data/x", "cache_dir": "/scratch/c"}}
     with pytest.raises(ConfigError, match=r"gives data.root=/data/x to data.dataset._target_=t, a path"):

@@ -89,7 +89,7 @@ def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
 
 
 class Sharded:
-    """What a sharded set (datasets/shards.py) shows the sampler: samples per shard and the window."""
+    """What a set read in shards shows the sampler: samples per shard and the window."""
 
     def __init__(self, shard_sizes: list[int], shard_window: int) -> None:
         self.shard_sizes, self.shard_window = shard_sizes, shard_window

@@ -29,7 +29,7 @@ from torch import nn
 
 from ...common.errors import ConfigError
 from ...common.run_dir import CHECKPOINTS_DIR, OUTPUT_ROOT
-from ...common.storage import is_remote
+from ...common.storage import is_remote, store_module
 from ...config import CheckpointConfig
 
 FORMAT_VERSION = 1  # what this code writes; a checkpoint of a newer one is refused (check_format_version)
@@ -55,18 +55,12 @@ def shards_reader(path: Path) -> ModuleType:
 
 
 def checkpoint_store(config: CheckpointConfig, folder: Path) -> Any:
-    """The object store `checkpoint.dir` names, which each checkpoint goes up to (store.py's CheckpointStore,
-    imported where the project has it), or None where it is a folder; one line where this project was made
-    without object stores (cookiecutter's object_storage=no)."""
+    """The store `checkpoint.dir` names, which each checkpoint goes up to (store.py's CheckpointStore, where
+    the project has it), or None where it is a folder; one line where this project has no store."""
     if not is_remote(config.dir):
         return None
-    name = f"{__package__}.store"
-    if importlib.util.find_spec(name) is None:
-        raise ConfigError(
-            f"checkpoint.dir={config.dir} is an object store, and this project was made without them "
-            "(cookiecutter's object_storage=no): give checkpoint.dir a folder, or leave it out for the run dir's"
-        )
-    return importlib.import_module(name).CheckpointStore(config.dir, config.store_retry_s, folder)
+    store_module(config.dir, "checkpoint.dir")
+    return importlib.import_module(f"{__package__}.store").CheckpointStore.for_config(config, folder)
 
 
 def with_owner_tensors(payload: dict[str, Any], source: Path, owners: list[Any]) -> dict[str, Any]:
@@ -79,7 +73,7 @@ def with_owner_tensors(payload: dict[str, Any], source: Path, owners: list[Any])
 
 def local_folder(run_dir: Path, config: CheckpointConfig) -> Path:
     """Where this machine writes the checkpoints: `checkpoint.dir` where it is a folder, else the run
-    dir's checkpoints/ (with an object store, the copy that goes up: store.py)."""
+    dir's checkpoints/ (with a store, the copy that goes up: store.py)."""
     return Path(config.dir) if config.dir and not is_remote(config.dir) else run_dir / CHECKPOINTS_DIR
 
 

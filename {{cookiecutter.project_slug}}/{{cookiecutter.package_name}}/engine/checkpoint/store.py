@@ -7,12 +7,12 @@ node, with an empty local disk, finds the newest whole one there and brings it d
   goes up last; a folder without it (an upload cut by a kill) is never resumed, and is removed
   with the checkpoints `keep_last` prunes.
 - A store that fails is retried with back-off for `checkpoint.store_retry_s` (here only: the client
-  tries each request once, common/storage.py's SINGLE_ATTEMPT); then the job stops
+  tries each request once, common/object_store.py's SINGLE_ATTEMPT); then the job stops
   with one line (JobError) naming the newest checkpoint the store lists then (listed once more to
   say it: a store that came back empty holds none), and the local copies, which stay.
 - The store and the local folder are one history: a resume takes the newest whole checkpoint of
   either (writer.py).
-- Credentials come from the client's own environment and files (common/storage.py): nothing here sees one,
+- Credentials come from the client's own environment and files (common/object_store.py): nothing here sees one,
   and the URL is redacted wherever it is printed.
 """
 
@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from ...common.errors import JobError, first_line
+from ...common.object_store import filesystem
 from ...common.redaction import redact_text
-from ...common.storage import filesystem
+from ...config import CheckpointConfig
 from .files import NAME_PATTERN, TMP_PREFIX, TRAINER_FILE
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,11 @@ class CheckpointStore:
         self.local = local  # the local copies, named in the stop line
         self.fs, self.root = filesystem(self.url, "checkpoint.dir", single_attempt=True)  # the retries: retrying()
         self.last_uploaded: str | None = None
+
+    @classmethod
+    def for_config(cls, config: CheckpointConfig, local: Path) -> CheckpointStore:
+        """The store of `checkpoint.dir`, retried for `checkpoint.store_retry_s` (config/object_storage.py)."""
+        return cls(config.dir, config.store_retry_s, local)  # type: ignore[attr-defined]
 
     def retrying(self, what: str, action: Callable[[], T]) -> T:
         """`action`, retried with back-off while the store fails, for `retry_s` at most."""
@@ -97,6 +103,15 @@ class CheckpointStore:
     def names(self) -> list[str]:
         """The whole checkpoints in the store, newest (highest step) first."""
         return self.retrying("listing the checkpoints", self.listing)
+
+    def say_which(self, name: str, in_store: bool, local: list[Path], stored: list[str], folder: Path) -> None:
+        """The log line that says which of the store's and the local checkpoints a resume takes, and why."""
+        if in_store:
+            log.info("resuming from the store's %s/%s, brought down: the newest of the store and the local "
+                     "checkpoints (the local newest: %s)", self.shown, name, local[0] if local else "none")  # fmt: skip
+        else:
+            log.info("resuming from the local %s: the newest of the local checkpoints and the store (the store's "
+                     "newest: %s)", folder / name, f"{self.shown}/{stored[0]}" if stored else "none")  # fmt: skip
 
     def read_text(self, name: str) -> str | None:
         """A small object of the prefix (the owner marker) as text; None where there is none."""

@@ -31,7 +31,7 @@ What the command line gives (`task._target_=...`, `data.root=...`, a whole group
 user's and is not judged; nor are the callbacks, which nothing that reads a checkpoint builds.
 
 A saved config is written resolved (config/compose.py's to_plain_dict), so a `${...}` in one was put
-there by hand: resolving it would read this machine's environment (`${oc.env:AWS_SECRET_ACCESS_KEY}`) into
+there by hand: resolving it would read this machine's environment (`${oc.env:API_TOKEN}`) into
 what is built or logged. It is refused by the same rule, and resolved only with the opt-in.
 """
 

@@ -1,9 +1,9 @@
 """The writer of a run's checkpoints (a `step_<N>.pt` per checkpoint, by global rank 0), in the
 background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, found for a resume.
-The writer of a folder of shards (sharded.py) extends it. With `checkpoint.dir` an object store, each
-checkpoint goes up once whole (store.py, found by files.checkpoint_store), and the local folder and the
-store are one history: a resume takes the newest whole checkpoint of either, brought down when it is the
-store's. A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it (owner.py)."""
+A writer of folders of shards extends it, where the project has one. With `checkpoint.dir` a store's URL,
+each checkpoint goes up once whole (`self.store`, found by files.checkpoint_store), and the local folder and
+the store are one history: a resume takes the newest whole checkpoint of either, brought down when it is
+the store's. A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it (owner.py)."""
 
 from __future__ import annotations
 
@@ -223,27 +223,15 @@ class Checkpointer(Ownership):
             else:
                 found = self.readable(self.folder / name)
             if found is not None:
-                self.say_which(name, bool(in_store), local, stored)
+                if self.store is not None and self.fetches:
+                    self.store.say_which(name, bool(in_store), local, stored, self.folder)
                 return found
         return None
 
     def say_found(self, path: Path) -> None:
         """newest_readable's line, for the local checkpoint the start's checks found (and brought down)."""
         if self.store is not None and self.fetches:
-            self.say_which(path.name, False, list_checkpoints(self.folder), self.store.names())
-
-    def say_which(self, name: str, in_store: bool, local: list[Path], stored: list[str]) -> None:
-        """With a store: the log line that says which of the two a resume takes, and why."""
-        if self.store is None or not self.fetches:
-            return
-        store_newest = f"{self.store.shown}/{stored[0]}" if stored else "none"
-        local_newest = str(local[0]) if local else "none"
-        if in_store:
-            log.info("resuming from the store's %s/%s, brought down: the newest of the store and the local "
-                     "checkpoints (the local newest: %s)", self.store.shown, name, local_newest)  # fmt: skip
-        else:
-            log.info("resuming from the local %s: the newest of the local checkpoints and the store (the store's "
-                     "newest: %s)", self.folder / name, store_newest)  # fmt: skip
+            self.store.say_which(path.name, False, list_checkpoints(self.folder), self.store.names(), self.folder)
 
     def readable(self, path: Path) -> tuple[Path, dict[str, Any]] | None:
         try:

@@ -62,7 +62,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
     @classmethod
     def for_dataset(cls, dataset: Any, env: DistEnv, batch_size: int, seed: int) -> ResumableDistributedSampler:
-        """The sampler of `dataset`: shard-aware where the set says it has shards (datasets/shards.py)."""
+        """The sampler of `dataset`: shard-aware where the set says it has shards (its shard_sizes)."""
         shards = getattr(dataset, "shard_sizes", ())
         return cls(len(dataset), env, batch_size, seed, shards, getattr(dataset, "shard_window", 1))
 
