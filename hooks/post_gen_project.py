@@ -25,6 +25,8 @@ CHOICES = {
 }
 # The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
 CHOICES["trackers"] = "yes" if "yes" in (CHOICES["mlflow"], CHOICES["wandb"]) else "no"
+# The command that prepares data (datasets/prepare.py): its kinds are the language model's and the stores' shards.
+CHOICES["prepared_data"] = "yes" if "yes" in (CHOICES["language_model"], CHOICES["object_storage"]) else "no"
 PACKAGE = "{{ cookiecutter.package_name }}"
 # cruft records the template commit it baked; plain cookiecutter leaves `_commit` unset.
 BAKED_BY_CRUFT = "{{ cookiecutter._commit | default('') }}" != ""
@@ -130,6 +132,7 @@ UNCHOSEN_FILES = {
         "tests/e2e/test_shards.py",
         "tests/engine/checkpoint/test_sharded_store.py",
     ],
+    ("prepared_data", "no"): [f"{PACKAGE}/datasets/prepare.py", "tests/datasets/test_prepare.py"],
     ("license", "none"): ["LICENSE"],
     ("mlflow", "no"): [
         f"{PACKAGE}/observe/sinks/trackers/mlflow_tracker.py",

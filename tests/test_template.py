@@ -73,6 +73,7 @@ TRACES = {
                                "data=shards", "datasets/shards", "datasets.shards", "datasets.sharded", "memory://",
                                "remote_checkpoints", "data_at_scale", "moto", "botocore", "AWS_ACCESS", "AWS_ENDPOINT",
                                "aws s3", "cache_limit_gb", "prepare shards", "text_shards", "sharded_store"],
+    ("prepared_data", "no"): ["datasets.prepare", "datasets/prepare", "prepare.py", "-prepare", "prepare KIND"],
 }
 
 # Readable ids: each bake differs from the defaults in one way (git_init=no keeps .git out).
@@ -130,6 +131,7 @@ def test_bake_gives_the_exact_file_set_with_nothing_left_to_render(tmp_path: Pat
     project = bake(tmp_path, BAKES[name])
     answers = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]
     answers["trackers"] = "yes" if "yes" in (answers["mlflow"], answers["wandb"]) else "no"
+    answers["prepared_data"] = "yes" if "yes" in (answers["language_model"], answers["object_storage"]) else "no"
     package = answers["package_name"]
     expected = set(EXPECTED_FILES)
     for (option, value), removed in REMOVED.items():

@@ -83,6 +83,7 @@ def test_kill_during_a_checkpoint_write_keeps_every_checkpoint_whole(tmp_path: P
     # resnet18: a 90 MB checkpoint takes long enough to write that the kill lands inside the write.
     job = [
         "model=resnet18",
+        "data=synthetic",  # whatever the project's default data set
         "data.image_size=16",  # the checkpoint is as large, the steps between its writes shorter
         "data.train_size=64",
         "data.val_size=16",

@@ -3,8 +3,9 @@
 Items are `(input, target)`. A user's own data set is a function like these in a file of their
 own (see the README, "Your own model and data"); the loaders, the resumable sampler and exact
 evaluation work for any map-style pair. One module per kind, each with its `BUILDABLE` tuple, found by
-what is present (images.py: synthetic, cifar10, image_folder); prepare.py, the command that prepares a
-data set into files. collate.py: `data.collate` functions, for inputs of different lengths.
+what is present (images.py: synthetic, cifar10, image_folder); a kind of data written once into files has
+`add_prepare_arguments` (the command that writes it, where the project has one). collate.py: `data.collate`
+functions, for inputs of different lengths.
 
 `datasets.<name>` is any public function or class of those modules (`datasets.synthetic_images`, the name
 the configs give): nothing here imports a kind by name, so a project made without one lacks only its file.
