@@ -140,7 +140,7 @@ def test_the_ci_workflows_job_runs_and_torchrun_flags_pass_through_the_script(tm
     proc = run([*command, "--", f"--log-dir={tmp_path / 'torchrun_logs'}", "--redirects=3", "--local-ranks-filter=0"])
     logs = list((tmp_path / "torchrun_logs").rglob("stdout.log"))
     assert len(logs) == 2, "torchrun wrote each rank's output where --log-dir said"
-    assert '"val_acc": ' in proc.stdout + proc.stderr and (tmp_path / "run" / "checkpoints").is_dir()
+    assert '"val_loss": ' in proc.stdout + proc.stderr and (tmp_path / "run" / "checkpoints").is_dir()  # any task
 
 
 @pytest.mark.slow
