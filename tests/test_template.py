@@ -243,11 +243,12 @@ def test_hook_message_is_one_line_from_the_command_line(tmp_path: Path) -> None:
 
 
 # The smallest bake (every capability option `no`, DDP on images), with every other name and the other choices
-# of python and license: its whole suite runs (test_smallest_project_...), and the defaults bake's slow tests
+# of python and license: its whole suite runs (test_the_smallest_project_...), and the defaults bake's slow tests
 # that it holds as well (the same ids: the engine's end-to-end promises) run there only.
+CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text())
+CAPABILITIES = {name for name, value in CHOICES.items() if value == ["yes", "no"]} - {"git_init"}
 SMALLEST = {"project_name": "Team Project", "package_name": "team_trainer", "python_version": "3.11", "license": "none",
-            **{name: "no" for name, value in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
-               if value == ["yes", "no"] and name != "git_init"}}  # fmt: skip
+            **dict.fromkeys(sorted(CAPABILITIES), "no")}  # fmt: skip
 
 
 def slow_test_ids(project: Path) -> set[str]:
@@ -314,8 +315,6 @@ def test_each_readme_preset_is_one_command_that_bakes_what_it_names(tmp_path: Pa
     option added to cookiecutter.json must join it)."""
     commands = readme_commands("Presets")
     assert len(commands) == 2, commands
-    choices = json.loads((TEMPLATE / "cookiecutter.json").read_text())
-    capabilities = {name for name, value in choices.items() if value == ["yes", "no"]} - {"git_init"}
     for number, command in enumerate(commands):
         words = shlex.split(command)
         assert words[:3] == ["cookiecutter", "gh:<org>/ddp-template", "--no-input"], command
@@ -326,11 +325,11 @@ def test_each_readme_preset_is_one_command_that_bakes_what_it_names(tmp_path: Pa
         assert baked.returncode == 0, baked.stderr[-2000:]
         answers = json.loads(next(out.glob("*/.cookiecutter.json")).read_text())["cookiecutter"]
         assert {name: answers[name] for name in named} == named
-        unnamed = [name for name, value in choices.items() if isinstance(value, list) and name not in named]
+        unnamed = [name for name, value in CHOICES.items() if isinstance(value, list) and name not in named]
         unnamed.remove("git_init")  # no in every bake of these tests
-        assert {name: answers[name] for name in unnamed} == {name: choices[name][0] for name in unnamed}
+        assert {name: answers[name] for name in unnamed} == {name: CHOICES[name][0] for name in unnamed}
         if number == 0:
-            assert {name: answers[name] for name in capabilities} == dict.fromkeys(capabilities, "no"), command
+            assert {name: answers[name] for name in CAPABILITIES} == dict.fromkeys(CAPABILITIES, "no"), command
 
 
 @pytest.mark.slow

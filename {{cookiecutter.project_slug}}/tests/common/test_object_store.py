@@ -5,6 +5,7 @@ never with its credentials."""
 from __future__ import annotations
 
 import importlib
+import logging
 
 import pytest
 
@@ -23,6 +24,13 @@ def test_a_url_is_reached_through_this_module_and_a_checkpoint_url_is_said_how_t
         f"copy it down first{COPY_DOWN} and give the local path"
     )
     assert "aws s3 cp --recursive" in COPY_DOWN
+
+
+def test_the_store_clients_say_only_warnings_and_worse() -> None:
+    """botocore's "Found credentials in environment variables." and the like stay out of every rank's log: the
+    clients are quieted where they are reached (this module), whatever logs.py sets up."""
+    for name in ("botocore", "aiobotocore", "s3fs"):
+        assert logging.getLogger(name).level == logging.WARNING, name  # its own, not the root's
 
 
 def test_a_missing_client_package_is_one_line_saying_what_to_install() -> None:

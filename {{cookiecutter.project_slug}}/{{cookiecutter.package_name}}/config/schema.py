@@ -31,8 +31,9 @@ from .values import (
 )
 
 # The modules of this package that add settings to a section (each its SECTION_FIELDS and check_section):
-# those of the capabilities the project was made with, found by what is present.
-FIELD_MODULES = modules_with(__package__, [str(Path(__file__).parent)], "SECTION_FIELDS")
+# those of the capabilities the project was made with, found by what is present (not this one, which names them).
+FIELD_MODULES = tuple(module for module in modules_with(__package__, [str(Path(__file__).parent)], "SECTION_FIELDS")
+                      if hasattr(module, "check_section"))  # fmt: skip
 Section = TypeVar("Section")
 
 
@@ -40,7 +41,7 @@ def with_fields(section: str):  # noqa: ANN201 (a class decorator)
     """A dataclass-to-be with each field that FIELD_MODULES add to `section` (its type and default)."""
 
     def add(cls: type[Section]) -> type[Section]:
-        for module in (module for module in FIELD_MODULES if hasattr(module, "check_section")):  # not this one
+        for module in FIELD_MODULES:
             for name, (kind, default) in module.SECTION_FIELDS.get(section, {}).items():
                 cls.__annotations__[name] = kind  # a type, not a string: OmegaConf resolves it as it is
                 setattr(cls, name, default)
@@ -51,7 +52,7 @@ def with_fields(section: str):  # noqa: ANN201 (a class decorator)
 
 def check_fields(section: str, config: Any) -> None:
     """The rules of the settings FIELD_MODULES add to `section`."""
-    for module in (module for module in FIELD_MODULES if hasattr(module, "check_section")):
+    for module in FIELD_MODULES:
         module.check_section(section, config)
 
 
