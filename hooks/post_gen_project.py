@@ -21,6 +21,7 @@ CHOICES = {
     "fsdp": "{{ cookiecutter.fsdp }}",
     "language_model": "{{ cookiecutter.language_model }}",
     "object_storage": "{{ cookiecutter.object_storage }}",
+    "diagnostics": "{{ cookiecutter.diagnostics }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
 # The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
@@ -131,6 +132,16 @@ UNCHOSEN_FILES = {
         "tests/e2e/test_remote_checkpoints.py",
         "tests/e2e/test_shards.py",
         "tests/engine/checkpoint/test_sharded_store.py",
+    ],
+    ("diagnostics", "no"): [
+        f"{PACKAGE}/observe/hangs.py",
+        f"{PACKAGE}/observe/profiling.py",
+        f"{PACKAGE}/config/diagnostics.py",
+        "tests/observe/test_hangs.py",
+        "tests/observe/test_profiling.py",
+        "tests/config/test_diagnostics.py",
+        "tests/e2e/test_hang.py",
+        "tests/e2e/profiled_run.py",
     ],
     ("prepared_data", "no"): [f"{PACKAGE}/datasets/prepare.py", "tests/datasets/test_prepare.py"],
     ("license", "none"): ["LICENSE"],

@@ -1,8 +1,9 @@
-"""Real torchrun jobs on CPU with gloo: training learns, logs per rank, evaluates exactly, and profiles
-the steps asked for (trainer.profile_steps: one Chrome trace per rank in <run dir>/profile/)."""
+"""Real torchrun jobs on CPU with gloo: training learns, logs per rank and evaluates exactly; the shared job is
+also checked by the modules beside this file that name SHARED_RUN_OVERRIDES (a capability's own)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -13,6 +14,14 @@ from ..helpers import PYTHON, SMALL, run
 from .jobs import last_line, read_metrics, torchrun
 
 pytestmark = pytest.mark.slow
+
+# The modules beside this file that add overrides to the shared job and check it (SHARED_RUN_OVERRIDES and
+# check_shared_run(run_dir, output)): each a capability's own, which a project made without it lacks.
+SHARED_CHECKS = [
+    importlib.import_module(f"{__package__}.{path.stem}")
+    for path in sorted(Path(__file__).parent.glob("*.py"))
+    if re.search(r"^SHARED_RUN_OVERRIDES = ", path.read_text(), re.MULTILINE)
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +37,7 @@ def trained_run(tmp_path_factory) -> tuple[Path, str]:
             *SMALL,
             "trainer.epochs=5",
             "data.train_size=2048",
-            "trainer.profile_steps=3:4",  # test_the_asked_steps_are_profiled_in_one_trace_per_rank
+            *(override for checks in SHARED_CHECKS for override in checks.SHARED_RUN_OVERRIDES),
         ]
     )
     return run_dir, proc.stdout + proc.stderr
@@ -71,27 +80,9 @@ def test_rank_logs_metrics_and_config_are_left(trained_run) -> None:
     assert (run_dir / ".hydra" / "config.yaml").is_file()
 
 
-def trace_steps(path: Path) -> list[int]:
-    """The optimizer steps a trace file holds: its ProfilerStep#<N> spans."""
-    events = json.loads(path.read_text())["traceEvents"]
-    return sorted({int(m.group(1)) for e in events if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")))})
-
-
-def test_the_asked_steps_are_profiled_in_one_trace_per_rank(trained_run) -> None:
-    run_dir, output = trained_run
-    for rank in (0, 1):
-        traces = list((run_dir / "profile").glob(f"rank_{rank}.*.pt.trace.json"))  # tensorboard_trace_handler's
-        assert len(traces) == 1, output[-3000:]  # two: a worker crashed and torchrun restarted the job
-        assert trace_steps(traces[0]) == [3, 4], traces[0]
-    assert "profile of steps 3-4" in output and "Self CPU time total" in output, output[-3000:]
-
-
-def test_a_bad_profile_range_stops_the_launch_with_one_line(tmp_path: Path) -> None:
-    """(The other bad ranges: tests/observe/test_profiling.py, in-process.)"""
-    command = ["bash", "scripts/run_single.sh", f"RUN_DIR={tmp_path / 'run'}", *SMALL, "trainer.profile_steps=5:3"]
-    proc = run(command, expect_ok=False)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: trainer.profile_steps=5:3: START is after END")
-    assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+@pytest.mark.parametrize("checks", SHARED_CHECKS, ids=lambda checks: checks.__name__.rsplit(".", 1)[-1])
+def test_the_shared_job_as_the_capabilities_beside_this_file_check_it(trained_run, checks) -> None:
+    checks.check_shared_run(*trained_run)
 
 
 def test_eval_is_identical_at_world_sizes_2_and_3(trained_run) -> None:

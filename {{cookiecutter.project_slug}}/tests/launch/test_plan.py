@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.common.run_dir import STORE_ADDRESS_ENV
+from {{cookiecutter.package_name}}.common.run_dir import DEBUG_DIR_ENV, STORE_ADDRESS_ENV
 from {{cookiecutter.package_name}}.launch import plan as plan_module
 from {{cookiecutter.package_name}}.launch.keys import LaunchError, parse_args
 from {{cookiecutter.package_name}}.launch.plan import (
@@ -20,7 +20,6 @@ from {{cookiecutter.package_name}}.launch.plan import (
     plan,
     worker_environment,
 )
-from {{cookiecutter.package_name}}.observe.hangs import DEBUG_DIR_ENV, debug_dir
 
 from ..helpers import planned
 
@@ -115,8 +114,7 @@ def test_debug_1_gives_the_workers_the_switches_and_leaves_the_users_own(monkeyp
     assert files["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{tmp_path}/debug/nccl_trace_rank_"
     assert files["NCCL_DEBUG_FILE"] == f"{tmp_path}/debug/nccl_%h_%p.log"
     assert debug_dir_environment(tmp_path, {"NCCL_DEBUG_FILE": "/mine.log"})["NCCL_DEBUG_FILE"] == "/mine.log"
-    monkeypatch.setenv(DEBUG_DIR_ENV, files[DEBUG_DIR_ENV])
-    assert debug_dir() == tmp_path / "debug"
+    assert files[DEBUG_DIR_ENV] == f"{tmp_path}/debug"
 
 
 def test_no_restarts_and_no_shutdown_grace_are_choices_and_a_communication_check_never_restarts() -> None:

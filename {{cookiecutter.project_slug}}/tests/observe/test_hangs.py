@@ -17,9 +17,10 @@ import torch.distributed as dist
 
 from {{cookiecutter.package_name}}.common.errors import JobError
 from {{cookiecutter.package_name}}.observe.hangs import (
+    DEBUG_DIR_ENV,
     Beat,
     StallWatch,
-    keep_ddp_working_on_gloo,
+    debug_dir,
     rank_list,
     stall_message,
 )
@@ -61,11 +62,11 @@ def ranks() -> Iterator[list[StallWatch]]:
 def raised_in(watch: StallWatch, message: str) -> BaseException:
     """What comes out of the training loop when a collective inside it raised `message`."""
     try:
-        with watch.naming_stalls():
+        with watch.around_training():
             raise RuntimeError(message)
     except BaseException as error:
         return error
-    raise AssertionError("naming_stalls swallowed the error")
+    raise AssertionError("around_training swallowed the error")
 
 
 def test_the_ranks_that_timed_out_name_the_one_that_still_beats_but_never_came(ranks: list[StallWatch]) -> None:
@@ -117,7 +118,7 @@ def test_a_lost_peer_after_another_rank_timed_out_is_the_same_stall(ranks: list[
     ],
 )
 def test_errors_that_are_not_about_peers_pass_unchanged(ranks: list[StallWatch], error: Exception) -> None:
-    with pytest.raises(type(error)) as raised, ranks[0].naming_stalls():
+    with pytest.raises(type(error)) as raised, ranks[0].around_training():
         raise error
     assert raised.value is error
 
@@ -155,13 +156,8 @@ def test_a_step_that_outlasts_the_timeout_dumps_the_stack_once(tmp_path: Path) -
     assert "test_a_step_that_outlasts_the_timeout_dumps_the_stack_once" in text
 
 
-def test_debug_detail_is_kept_off_ddp_on_gloo_where_it_crashes() -> None:
-    before = dist.get_debug_level()
-    try:
-        dist.set_debug_level(dist.DebugLevel.DETAIL)
-        keep_ddp_working_on_gloo("nccl")
-        assert dist.get_debug_level() == dist.DebugLevel.DETAIL
-        keep_ddp_working_on_gloo("gloo")
-        assert dist.get_debug_level() == dist.DebugLevel.INFO
-    finally:
-        dist.set_debug_level(before)
+def test_the_stacks_go_where_the_launcher_says(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(DEBUG_DIR_ENV, str(tmp_path / "debug"))
+    assert debug_dir() == tmp_path / "debug"
+    monkeypatch.setenv(DEBUG_DIR_ENV, "")
+    assert debug_dir() is None

@@ -1,5 +1,5 @@
 """profiling.py in this process: which steps a trace holds (numbered as metrics.jsonl numbers them,
-across resumes), the trace as a Chrome trace file, and trainer.profile_steps' checks. A run under
+across resumes), the trace as a Chrome trace file, and whether trainer.profile_steps builds one. A run under
 torchrun, one trace per rank: tests/e2e/test_training.py."""
 
 from __future__ import annotations
@@ -11,18 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.config import to_train_config
-from {{cookiecutter.package_name}}.observe.profiling import NoProfiler, StepProfiler, build_profiler
+from {{cookiecutter.package_name}}.observe.profiling import StepProfiler, build_watch
 
-from ..helpers import compose_config, cpu_env
+from ..helpers import SMALL, compose_config, cpu_env, run
 
 
 def run_steps(profiler: StepProfiler, numbers: range) -> None:
-    """A loop as the trainer's: step(N) at the start of step N, then some work, then close()."""
+    """A loop as the trainer's: begin_step(N) at the start of step N, then some work, then close()."""
     weights = torch.randn(64, 64)
     for number in numbers:
-        profiler.step(number)
+        profiler.begin_step(number)
         for _ in range(3):
             weights = torch.tanh(weights @ weights)
     profiler.close()
@@ -58,26 +57,18 @@ def test_a_run_resumed_past_the_range_writes_nothing(tmp_path: Path) -> None:
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-def test_profile_steps_off_is_a_no_op_object(tmp_path: Path) -> None:
+def test_profile_steps_off_leaves_the_loop_without_a_profiler(tmp_path: Path) -> None:
     config = to_train_config(compose_config())
     assert config.trainer.profile_steps == ""
-    assert isinstance(build_profiler(config.trainer, tmp_path, cpu_env(0, 1)), NoProfiler)
+    assert build_watch(config, tmp_path, cpu_env(0, 1)) is None
+    profiled = to_train_config(compose_config(["trainer.profile_steps=2:3"]))
+    assert isinstance(build_watch(profiled, tmp_path, cpu_env(0, 1)), StepProfiler)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (
-            ["trainer.profile_steps=5:3"],
-            "trainer.profile_steps=5:3: START is after END; give START <= END, e.g. trainer.profile_steps=3:5",
-        ),
-        (["trainer.profile_steps=abc"], "trainer.profile_steps='abc' is not START:END, steps numbered from 1"),
-        (["trainer.profile_steps=0:4"], "trainer.profile_steps='0:4' is not START:END, steps numbered from 1"),
-        (["trainer.profile_steps=7"], "trainer.profile_steps='7' is not START:END"),
-        (["trainer.memory_snapshot=true"], "trainer.memory_snapshot=true records the steps of trainer.profile_steps"),
-    ],
-)
-def test_bad_profile_settings_are_one_line_config_errors(overrides: list[str], message: str) -> None:
-    with pytest.raises(ConfigError) as raised:
-        to_train_config(compose_config(overrides))
-    assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+@pytest.mark.slow
+def test_a_bad_profile_range_stops_the_launch_with_one_line(tmp_path: Path) -> None:
+    """(The other bad ranges: tests/config/test_diagnostics.py, in-process.)"""
+    command = ["bash", "scripts/run_single.sh", f"RUN_DIR={tmp_path / 'run'}", *SMALL, "trainer.profile_steps=5:3"]
+    proc = run(command, expect_ok=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: trainer.profile_steps=5:3: START is after END")
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()

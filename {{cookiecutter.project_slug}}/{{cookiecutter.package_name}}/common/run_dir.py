@@ -29,8 +29,7 @@ OUTPUT_ROOT = "outputs"  # where new run dirs go, below the project (or the laun
 CHECKPOINTS_DIR = "checkpoints"  # step_<N>.pt, step_<N>/, config.yaml
 LOGS_DIR = "logs"  # rank_<R>.log, samples_rank_<R>.jsonl
 METRICS_FILE = "metrics.jsonl"  # a JSON record per log interval and per evaluation
-DEBUG_DIR = "debug"  # DEBUG=1: every rank's stacks, NCCL's logs and flight recorder
-PROFILE_DIR = "profile"  # trainer.profile_steps: torch.profiler traces
+DEBUG_DIR = "debug"  # DEBUG=1: NCCL's logs and flight recorder, and the workers' own debug files
 LOCK_FILE = ".lock"  # held by the launcher for the whole job (.lock.node<N> on many nodes)
 
 # What the workers tell the launcher, as files: the run dir's (for anyone watching the run) and the

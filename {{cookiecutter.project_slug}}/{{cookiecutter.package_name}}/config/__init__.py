@@ -29,7 +29,7 @@ from .schema import (
     TrainerConfig,
 )
 from .strategies import STRATEGY_MODULES
-from .values import COMM_HOOKS, PRECISIONS, config_dir, require_choice, step_range
+from .values import COMM_HOOKS, PRECISIONS, config_dir, require_choice
 
 __all__ = [
     "COMM_HOOKS",
@@ -50,7 +50,6 @@ __all__ = [
     "let_group_keys_through",
     "register_configs",
     "require_choice",
-    "step_range",
     "to_plain_dict",
     "to_train_config",
 ]

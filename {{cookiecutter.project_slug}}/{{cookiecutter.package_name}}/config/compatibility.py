@@ -36,8 +36,9 @@ from ..common.registry import modules_with
 
 REFUSED = ("model", "optim._target_", "seed", "data")
 # The same samples, batched otherwise, or cached elsewhere (the RESUMABLE_LOADER_KEYS of a capability's
-# module of this package, found by what is present).
-ADDED = modules_with(__package__, [str(Path(__file__).parent)], "RESUMABLE_LOADER_KEYS")
+# module of this package, found by what is present), and what such a module's OPERATIONAL_KEYS change.
+ADDED = tuple(module for module in modules_with(__package__, [str(Path(__file__).parent)], "SECTION_FIELDS")
+              if hasattr(module, "check_section"))  # fmt: skip
 ADDED_KEYS = tuple(key for added in ADDED for key in getattr(added, "RESUMABLE_LOADER_KEYS", ()))  # not this module
 LOADER_KEYS = ("data.batch_size", "data.global_batch_size", "data.micro_batch_size", "data.num_workers",
                "data.on_device", *ADDED_KEYS)  # fmt: skip
@@ -45,8 +46,8 @@ LOADER_KEYS = ("data.batch_size", "data.global_batch_size", "data.micro_batch_si
 # model.init_from: only a new run reads it (init_weights.py), so a resume never refuses it; nor the trust
 # it is read with (trust_checkpoint).
 STARTING_KEYS = ("model.init_from", "trust_checkpoint")
-OPERATIONAL = ("log", "dist", "checkpoint", "trainer.log_every_n_steps", "trainer.record_samples",
-               "trainer.profile_steps", "trainer.memory_snapshot", *LOADER_KEYS, *STARTING_KEYS)  # fmt: skip
+OPERATIONAL = ("log", "dist", "checkpoint", "trainer.log_every_n_steps", "trainer.record_samples", *LOADER_KEYS,
+               *STARTING_KEYS, *(key for added in ADDED for key in getattr(added, "OPERATIONAL_KEYS", ())))  # fmt: skip
 SHOWN = 4  # differences named in one line
 
 

@@ -25,7 +25,6 @@ from .values import (
     require_choice,
     require_positive,
     require_target,
-    step_range,
     train_defaults,
     whole_number,
 )
@@ -135,6 +134,7 @@ class EMAConfig:
 
 
 @dataclass
+@with_fields("trainer")
 class TrainerConfig:
     epochs: int = MISSING
     max_steps: int = MISSING
@@ -149,8 +149,6 @@ class TrainerConfig:
     grad_accum_steps: int = MISSING
     clip_grad_norm: float = MISSING
     deterministic: bool = MISSING
-    profile_steps: str = MISSING
-    memory_snapshot: bool = MISSING
     activation_checkpointing: bool = MISSING
     skip_samples: Any = MISSING  # sample indices, or a nonfinite.jsonl's path (engine/nonfinite.py reads it)
     ema: EMAConfig = field(default_factory=EMAConfig)
@@ -165,12 +163,7 @@ class TrainerConfig:
         require_choice("trainer.precision", self.precision, PRECISIONS)
         require_positive("trainer.grad_accum_steps", self.grad_accum_steps)
         require(self.clip_grad_norm >= 0, f"trainer.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
-        profiled = step_range("trainer.profile_steps", self.profile_steps)
-        require(
-            profiled is not None or not self.memory_snapshot,
-            "trainer.memory_snapshot=true records the steps of trainer.profile_steps: set that too, e.g. "
-            "trainer.profile_steps=5:8",
-        )
+        check_fields("trainer", self)
 
 
 @dataclass

@@ -69,20 +69,6 @@ def flag(key: str, value: Any) -> bool:
     return value
 
 
-def step_range(key: str, value: str) -> tuple[int, int] | None:
-    """START:END, optimizer steps numbered as in metrics.jsonl (1: the first); "" is None (off)."""
-    if value == "":
-        return None
-    first, colon, last = value.partition(":")
-    require(
-        colon == ":" and first.isdigit() and last.isdigit() and int(first) >= 1,
-        f"{key}={value!r} is not START:END, steps numbered from 1: give e.g. {key}=5:8 (or 5:5 for one step)",
-    )
-    swapped = f"{max(int(last), 1)}:{first}"
-    require(int(first) <= int(last), f"{key}={value}: START is after END; give START <= END, e.g. {key}={swapped}")
-    return int(first), int(last)
-
-
 def require_target(key: str, node: Any) -> None:
     require(
         isinstance(node, dict) and isinstance(node.get("_target_"), str),

@@ -29,9 +29,10 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import torch
 from torch import nn
@@ -42,9 +43,7 @@ from ..common.run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
 from ..config import TrainConfig, TrainerConfig
 from ..datasets.collate import Batch, model_forward, to_device
 from ..observe.figures import Throughput
-from ..observe.hangs import StallWatch
 from ..observe.logs import MetricsLog, use_progress_bar
-from ..observe.profiling import Profiler
 from ..tasks import Task, sample_weights
 from .callbacks import Callbacks
 from .checkpoint.files import with_owner_tensors
@@ -67,6 +66,15 @@ log = logging.getLogger(__name__)
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class Watch(Protocol):
+    """A diagnostic around the loop: what a module of observe/ with `build_watch(config, run_dir, env)`
+    builds (assembly/build.py finds those the project has). It adds nothing to a checkpoint."""
+
+    def around_training(self) -> AbstractContextManager[None]: ...  # the epochs, the last checkpoint, the test
+    def begin_step(self, number: int) -> None: ...  # at the start of optimizer step `number` (1: the first)
+    def close(self) -> None: ...  # when the loop ends, however it ends
+
+
 @dataclass
 class Trainer:
     config: TrainConfig
@@ -81,8 +89,7 @@ class Trainer:
     checkpoints: CheckpointManager
     metrics: MetricsLog
     sample_audit: MetricsLog  # logs/samples_rank_<R>.jsonl, when trainer.record_samples is on
-    stalls: StallWatch  # a rank that stalls is named; DEBUG=1 keeps every rank's stacks (hangs.py)
-    profiler: Profiler  # trainer.profile_steps (profiling.py); a no-op without it
+    watches: tuple[Watch, ...]  # diagnostics around the loop (Watch, below)
     schedule: Schedule  # the learning rate of each step (schedule.py)
     monitor: Monitor  # checkpoint.monitor: best checkpoints, early stopping (monitor.py)
     ema: EMA | NoEMA  # trainer.ema (ema.py): the average validation uses
@@ -104,7 +111,9 @@ class Trainer:
             log.warning(warning)
         stop = StopOnSigterm()
         try:
-            with self.stalls.naming_stalls():  # a collective that timed out names the ranks that stalled
+            with contextlib.ExitStack() as around:
+                for watch in self.watches:
+                    around.enter_context(watch.around_training())
                 self.callbacks.fire("on_train_start")
                 result = self.train_epochs(stop)
                 self.checkpoints.wait()
@@ -120,8 +129,8 @@ class Trainer:
         finally:
             self.checkpoints.wait()  # the end of the job waits for the last write
             self.metrics.close()
-            self.profiler.close()
-            self.stalls.close()
+            for watch in reversed(self.watches):
+                watch.close()
         if result is None:
             why = f" (stopped early: {self.monitor.stopped})" if self.monitor.stopped else ""
             log.info("training had already finished at step %d%s; evaluating", self.state.step, why)
@@ -202,8 +211,8 @@ class Trainer:
     def train_step(self, step: OptimizerStep, interval: Interval) -> None:
         """One optimizer step over its micro-batches; gradients all-reduced once, with the last."""
         state = self.state
-        self.stalls.begin_step(state.step + 1)
-        self.profiler.step(state.step + 1)
+        for watch in self.watches:
+            watch.begin_step(state.step + 1)
         if self.schedule.length.by_steps:
             self.schedule.before_step(state.step + 1)
         else:  # in epochs, counted in samples: the same curve at any world size

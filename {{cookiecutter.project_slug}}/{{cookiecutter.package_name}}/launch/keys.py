@@ -60,8 +60,7 @@ KEYS = (
     Key("RDZV_HEARTBEAT_S", "5", "elastic: how often each node tells the rendezvous it lives; one silent for 3 is "
         "dropped and the others go on without it", modes=("multi", "comm")),
     Key("DEBUG", "0", "1: diagnose a hang, into <run dir>/debug/: torch.distributed and NCCL debug logs, NCCL's "
-        "flight recorder, every rank's Python stack when a step outlasts dist.timeout_s and on kill -USR1 <pid> "
-        "(docs/debugging.md)", modes=("single", "multi")),
+        "flight recorder, and the workers' own debug files (docs/debugging.md)", modes=("single", "multi")),
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
         "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi", "comm")),
 )  # fmt: skip

@@ -78,7 +78,7 @@ def debug_environment(environ: dict[str, str]) -> dict[str, str]:
     """DEBUG=1: what the workers get to diagnose a hang, unless the user set it (docs/debugging.md).
     The files these write go to the run dir: see debug_dir_environment."""
     defaults = {
-        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",  # checks that all ranks call the same collectives (INFO on gloo: hangs.py)
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",  # all ranks call the same collectives? (INFO on gloo: process_group.py)
         "NCCL_DEBUG": "INFO",
         flight_recorder_size_variable(): "2000",  # NCCL's flight recorder: each rank's last 2000 collectives...
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # ...written out when one times out
@@ -95,7 +95,7 @@ def flight_recorder_size_variable() -> str:
 
 
 def debug_dir_environment(debug_dir: Path, environ: dict[str, str]) -> dict[str, str]:
-    """DEBUG=1: where the workers' debug files go (the workers' stacks: hangs.py)."""
+    """DEBUG=1: where the workers' debug files go (NCCL's, and their own: DEBUG_DIR_ENV)."""
     defaults = {
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{debug_dir}/nccl_trace_rank_",  # the flight recorder; + the rank
         "NCCL_DEBUG_FILE": f"{debug_dir}/nccl_%h_%p.log",  # NCCL's INFO lines, per host and pid, off the console

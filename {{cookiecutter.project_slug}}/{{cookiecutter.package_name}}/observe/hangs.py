@@ -39,7 +39,9 @@ from typing import IO
 import torch.distributed as dist
 
 from ..common.errors import JobError
+from ..common.placement import DistEnv
 from ..common.run_dir import DEBUG_DIR_ENV
+from ..config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +57,6 @@ def debug_dir() -> Path | None:
     """Where DEBUG=1 puts every rank's stacks; None without DEBUG=1."""
     value = os.environ.get(DEBUG_DIR_ENV, "")
     return Path(value) if value else None
-
-
-def keep_ddp_working_on_gloo(backend: str) -> None:
-    """Call before the process group exists. TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the process group
-    in a collective checker, and DDP's constructor then crashes on gloo (a segfault in
-    c10d::Logger::set_env_variables, which takes the wrapper for a gloo backend: torch 2.14).
-    On gloo, DEBUG=1 therefore gets INFO: DDP's set-up is still logged, nothing is checked."""
-    if backend == "gloo" and dist.get_debug_level() == dist.DebugLevel.DETAIL:
-        dist.set_debug_level(dist.DebugLevel.INFO)
 
 
 @dataclass(frozen=True)
@@ -184,7 +177,7 @@ class StallWatch:
             self.stopped.wait(self.beat_s)
 
     @contextlib.contextmanager
-    def naming_stalls(self) -> Iterator[None]:
+    def around_training(self) -> Iterator[None]:
         """Around the training loop: a collective that timed out because ranks stalled becomes a
         JobError that names them; any other error goes on unchanged."""
         try:
@@ -267,12 +260,12 @@ class StallWatch:
             self.stacks = None
 
 
-def build_stall_watch(rank: int, world_size: int, timeout_s: float) -> StallWatch:
+def build_watch(config: TrainConfig, run_dir: Path, env: DistEnv) -> StallWatch:
     """This rank's StallWatch, on the process group's store (a world of one needs none)."""
     store = None
-    if world_size > 1 and dist.is_initialized():
+    if env.world_size > 1 and dist.is_initialized():
         # The default group's store reaches every rank (torchrun's agent holds it); a prefix of
         # this restart keeps an earlier restart's keys out of the answer.
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = dist.PrefixStore(f"stalls/{restart}/", dist.distributed_c10d._get_default_store())
-    return StallWatch(rank, world_size, timeout_s, debug_dir(), store)
+    return StallWatch(env.rank, env.world_size, config.dist.timeout_s, debug_dir(), store)

@@ -12,40 +12,29 @@ steps into `profile/memory_rank_<R>.pickle`, for pytorch.org/memory_viz.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, tensorboard_trace_handler
 
 from ..common.placement import DistEnv
-from ..config import TrainerConfig, step_range
+from ..config import TrainConfig
+from ..config.diagnostics import step_range
 
 log = logging.getLogger(__name__)
 
 TOP_OPERATORS = 12
-
-
-class Profiler(Protocol):
-    def step(self, number: int) -> None: ...
-    def close(self) -> None: ...
-
-
-class NoProfiler:
-    """trainer.profile_steps unset: the loop's calls cost nothing."""
-
-    def step(self, number: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+PROFILE_DIR = "profile"  # in the run dir: the traces (and memory snapshots)
 
 
 class StepProfiler:
-    """torch.profiler over optimizer steps first..last; call step(N) at the start of step N."""
+    """torch.profiler over optimizer steps first..last; call begin_step(N) at the start of step N (the
+    trainer's watches: engine/trainer.py's Watch)."""
 
     def __init__(self, first: int, last: int, folder: Path, rank: int, device: torch.device,
                  memory_snapshot: bool = False) -> None:  # fmt: skip
@@ -65,7 +54,10 @@ class StepProfiler:
             return ProfilerAction.RECORD
         return ProfilerAction.RECORD_AND_SAVE if number == self.last else ProfilerAction.NONE
 
-    def step(self, number: int) -> None:
+    def around_training(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def begin_step(self, number: int) -> None:
         if self.done:
             return
         if self.profiler is None:
@@ -130,9 +122,10 @@ def let_collectives_finish() -> None:
         time.sleep(0.1)
 
 
-def build_profiler(config: TrainerConfig, run_dir: Path, env: DistEnv) -> Profiler:
-    """The profiler trainer.profile_steps asks for, or a no-op one."""
-    steps = step_range("trainer.profile_steps", config.profile_steps)
+def build_watch(config: TrainConfig, run_dir: Path, env: DistEnv) -> StepProfiler | None:
+    """The profiler trainer.profile_steps asks for; None without it (the loop's calls then cost nothing)."""
+    trainer: Any = config.trainer  # its fields from config/diagnostics.py's SECTION_FIELDS
+    steps = step_range("trainer.profile_steps", trainer.profile_steps)
     if steps is None:
-        return NoProfiler()
-    return StepProfiler(*steps, run_dir / "profile", env.rank, env.device, config.memory_snapshot)
+        return None
+    return StepProfiler(*steps, run_dir / PROFILE_DIR, env.rank, env.device, trainer.memory_snapshot)

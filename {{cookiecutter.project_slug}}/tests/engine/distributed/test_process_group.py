@@ -173,3 +173,15 @@ def test_the_store_client_joins_the_workers_store_as_a_client_or_answers_none(mo
     assert server.get("key") == b"from the client" and client.timeout == datetime.timedelta(seconds=3)
     monkeypatch.delenv("MASTER_PORT")
     assert distributed.store_client(3) is None, "no store named: none"
+
+
+def test_debug_detail_is_kept_off_ddp_on_gloo_where_it_crashes() -> None:
+    before = dist.get_debug_level()
+    try:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
+        distributed.keep_ddp_working_on_gloo("nccl")
+        assert dist.get_debug_level() == dist.DebugLevel.DETAIL
+        distributed.keep_ddp_working_on_gloo("gloo")
+        assert dist.get_debug_level() == dist.DebugLevel.INFO
+    finally:
+        dist.set_debug_level(before)

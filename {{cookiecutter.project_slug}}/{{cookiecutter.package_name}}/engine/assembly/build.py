@@ -13,15 +13,15 @@ from typing import cast
 import torch
 from torch import nn
 
+from ... import observe
 from ...common.placement import DistEnv
+from ...common.registry import modules_with
 from ...common.run_dir import LOGS_DIR, METRICS_FILE
 from ...config import TrainConfig, to_plain_dict
 from ...config.batches import apply_global_batch
 from ...config.strategies import BLOCKS
 from ...models import count_parameters
-from ...observe.hangs import build_stall_watch
 from ...observe.logs import MetricsLog
-from ...observe.profiling import build_profiler
 from ...observe.provenance import Provenance
 from ...observe.sinks import build_sinks
 from ..callbacks import Callbacks, CallbackStates, Run, build_callbacks
@@ -44,6 +44,10 @@ from .components import build_model, build_optimizer, build_task
 from .init_weights import initialise_from
 
 log = logging.getLogger(__name__)
+
+# The diagnostics around the loop that the project has: the modules of observe/ with a build_watch
+# (engine/trainer.py's Watch).
+WATCHES = modules_with(observe.__name__, observe.__path__, "def build_watch(")
 
 
 def use_deterministic_kernels(enabled: bool) -> None:
@@ -164,8 +168,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
         checkpoints=checkpoints,
         metrics=MetricsLog(run_dir / METRICS_FILE, enabled=env.is_main),
         sample_audit=MetricsLog(run_dir / LOGS_DIR / f"samples_rank_{env.rank}.jsonl", config.trainer.record_samples),
-        stalls=build_stall_watch(env.rank, env.world_size, config.dist.timeout_s),
-        profiler=build_profiler(config.trainer, run_dir, env),
+        watches=tuple(watch for module in WATCHES if (watch := module.build_watch(config, run_dir, env)) is not None),
         schedule=schedule,
         monitor=monitor,
         ema=ema,

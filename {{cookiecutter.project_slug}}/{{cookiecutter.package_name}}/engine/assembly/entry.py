@@ -39,14 +39,13 @@ from ...common.run_dir import (
 )
 from ...common.storage import local_path
 from ...config import TrainConfig, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
-from ...observe.hangs import keep_ddp_working_on_gloo
 from ...observe.logs import setup_logging
 from ...observe.provenance import summary
 from ..checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, shards_reader
 from ..checkpoint.trust import check_data_paths, check_trusted, command_values, saved_config
 from ..checkpoint.weights import has_ema, load_weights
 from ..data.loader import build_data
-from ..distributed.process_group import distributed, process_env, tell_the_other_nodes
+from ..distributed.process_group import distributed, keep_ddp_working_on_gloo, process_env, tell_the_other_nodes
 from ..evaluate import evaluate
 from ..strategies import strategy_class
 from .build import build_trainer

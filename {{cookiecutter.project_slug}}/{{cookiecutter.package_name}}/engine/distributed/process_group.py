@@ -28,6 +28,15 @@ from ...config import DistConfig
 log = logging.getLogger(__name__)
 
 
+def keep_ddp_working_on_gloo(backend: str) -> None:
+    """Call before the process group exists. TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the process group
+    in a collective checker, and DDP's constructor then crashes on gloo (a segfault in
+    c10d::Logger::set_env_variables, which takes the wrapper for a gloo backend: torch 2.14).
+    On gloo, DEBUG=1 therefore gets INFO: DDP's set-up is still logged, nothing is checked."""
+    if backend == "gloo" and dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        dist.set_debug_level(dist.DebugLevel.INFO)
+
+
 def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
