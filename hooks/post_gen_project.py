@@ -21,6 +21,7 @@ CHOICES = {
     "fsdp": "{{ cookiecutter.fsdp }}",
     "language_model": "{{ cookiecutter.language_model }}",
     "object_storage": "{{ cookiecutter.object_storage }}",
+    "provenance": "{{ cookiecutter.provenance }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
 # The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
@@ -133,6 +134,12 @@ UNCHOSEN_FILES = {
         "tests/engine/checkpoint/test_sharded_store.py",
     ],
     ("prepared_data", "no"): [f"{PACKAGE}/datasets/prepare.py", "tests/datasets/test_prepare.py"],
+    ("provenance", "no"): [
+        f"{PACKAGE}/observe/provenance.py",
+        f"{PACKAGE}/common/launch_command.py",
+        "tests/observe/test_provenance.py",
+        "tests/common/test_launch_command.py",
+    ],
     ("license", "none"): ["LICENSE"],
     ("mlflow", "no"): [
         f"{PACKAGE}/observe/sinks/trackers/mlflow_tracker.py",

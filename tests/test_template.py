@@ -73,6 +73,8 @@ TRACES = {
                                "data=shards", "datasets/shards", "datasets.shards", "datasets.sharded", "memory://",
                                "remote_checkpoints", "data_at_scale", "moto", "botocore", "AWS_ACCESS", "AWS_ENDPOINT",
                                "aws s3", "cache_limit_gb", "prepare shards", "text_shards", "sharded_store"],
+    ("provenance", "no"): ["provenance", "TRAIN_LAUNCH_COMMAND", "launch_command.py", "common.launch_command",
+                           "diff_", ".patch", "RUN_RECORD ="],
     ("prepared_data", "no"): ["datasets.prepare", "datasets/prepare", "prepare.py", "-prepare", "prepare KIND"],
 }
 
@@ -97,6 +99,7 @@ BAKES = {
     "no_fsdp": {"fsdp": "no"},
     "no_language_model": {"language_model": "no"},
     "no_object_storage": {"object_storage": "no"},
+    "no_provenance": {"provenance": "no"},
     "default_resnet50": {"default_model": "resnet50"},
     "default_image_folder": {"default_data": "image_folder"},
     "default_language_model": {"default_task": "language_model"},
@@ -106,7 +109,7 @@ BAKES = {
 # (Every option off at once runs its whole suite: test_the_smallest_project_...)
 # (mlflow=no and wandb=no alone each take one tracker's module and tests: no_trackers takes both.)
 COLLECTED = ("no_tensorboard", "no_trackers", "no_slurm", "no_container", "no_kubernetes", "no_sweeps", "no_fsdp",
-             "no_language_model", "no_object_storage", "default_language_model")  # fmt: skip
+             "no_language_model", "no_object_storage", "no_provenance", "default_language_model")  # fmt: skip
 
 
 def bake(tmp_path: Path, extra: dict[str, str]) -> Path:
