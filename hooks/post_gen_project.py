@@ -22,6 +22,7 @@ CHOICES = {
     "language_model": "{{ cookiecutter.language_model }}",
     "object_storage": "{{ cookiecutter.object_storage }}",
     "diagnostics": "{{ cookiecutter.diagnostics }}",
+    "provenance": "{{ cookiecutter.provenance }}",
     "git_init": "{{ cookiecutter.git_init }}",
 }
 # The experiment trackers share their buffering, tests and doc: gone only when neither is chosen.
@@ -144,6 +145,12 @@ UNCHOSEN_FILES = {
         "tests/e2e/profiled_run.py",
     ],
     ("prepared_data", "no"): [f"{PACKAGE}/datasets/prepare.py", "tests/datasets/test_prepare.py"],
+    ("provenance", "no"): [
+        f"{PACKAGE}/observe/provenance.py",
+        f"{PACKAGE}/common/launch_command.py",
+        "tests/observe/test_provenance.py",
+        "tests/common/test_launch_command.py",
+    ],
     ("license", "none"): ["LICENSE"],
     ("mlflow", "no"): [
         f"{PACKAGE}/observe/sinks/trackers/mlflow_tracker.py",

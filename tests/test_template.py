@@ -76,6 +76,8 @@ TRACES = {
     ("diagnostics", "no"): ["hangs.py", "observe.hangs", "observe/hangs", "test_hang", "StallWatch", "stack_rank",
                             "profile_steps", "memory_snapshot", "profiling", "torch.profiler", "profiled_run",
                             "config/diagnostics", "config.diagnostics"],
+    ("provenance", "no"): ["provenance", "TRAIN_LAUNCH_COMMAND", "launch_command.py", "common.launch_command",
+                           "diff_", ".patch", "RUN_RECORD ="],
     ("prepared_data", "no"): ["datasets.prepare", "datasets/prepare", "prepare.py", "-prepare", "prepare KIND"],
 }
 
@@ -101,6 +103,7 @@ BAKES = {
     "no_language_model": {"language_model": "no"},
     "no_object_storage": {"object_storage": "no"},
     "no_diagnostics": {"diagnostics": "no"},
+    "no_provenance": {"provenance": "no"},
     "default_resnet50": {"default_model": "resnet50"},
     "default_image_folder": {"default_data": "image_folder"},
     "default_language_model": {"default_task": "language_model"},
@@ -110,7 +113,8 @@ BAKES = {
 # (Every option off at once runs its whole suite: test_the_smallest_project_...)
 # (mlflow=no and wandb=no alone each take one tracker's module and tests: no_trackers takes both.)
 COLLECTED = ("no_tensorboard", "no_trackers", "no_slurm", "no_container", "no_kubernetes", "no_sweeps", "no_fsdp",
-             "no_language_model", "no_object_storage", "no_diagnostics", "default_language_model")  # fmt: skip
+             "no_language_model", "no_object_storage", "no_diagnostics", "no_provenance",
+             "default_language_model")  # fmt: skip
 
 
 def bake(tmp_path: Path, extra: dict[str, str]) -> Path:

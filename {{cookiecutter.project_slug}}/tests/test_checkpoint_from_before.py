@@ -40,6 +40,8 @@ def old_run(tmp_path: Path) -> Path:
     payload["config"] = renamed(payload["config"], "{{cookiecutter.package_name}}")
     # The sinks this bake has (a bake without a sink has no key for it): not what moved.
     payload["config"]["log"] = to_plain_dict(to_train_config(compose_config(RUN)))["log"]
+    # A part no owner of this project reads (a project made with more options wrote it): left alone.
+    payload["part_of_another_project"] = {"start": 1, "git": None, "command": {"argv": ["train.py"]}}
     (tmp_path / "checkpoints").mkdir()
     torch.save(payload, tmp_path / "checkpoints" / FIXTURE.name)
     return tmp_path

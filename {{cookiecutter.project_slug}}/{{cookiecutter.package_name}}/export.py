@@ -19,12 +19,11 @@ import torch
 
 from .common.errors import ConfigError, fail
 from .common.storage import local_path
-from .engine.assembly.components import build_model
+from .engine.assembly.components import build_model, run_records
 from .engine.checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, write_atomically
 from .engine.checkpoint.trust import check_trusted, saved_config
 from .engine.checkpoint.weights import has_ema, load_weights, weight_formats
 from .engine.distributed.process_group import weights_fingerprint
-from .observe.provenance import write_export_record
 
 
 def export(checkpoint: Path, out: Path, trust: bool = False, form: str = "plain") -> str:
@@ -57,7 +56,8 @@ def export(checkpoint: Path, out: Path, trust: bool = False, form: str = "plain"
         write_atomically(weights, out, safetensors_writer({"step": str(payload["step"]), "weights": line}))
     else:
         write_atomically(weights, out)
-    write_export_record(checkpoint, payload, out, line)  # the training run's provenance, beside OUT
+    for module in run_records():  # the training run's record beside OUT, where the project keeps one
+        module.write_export_record(checkpoint, payload, out, line)
     return said
 
 

@@ -91,10 +91,6 @@ def test_mlflow_run_survives_a_sigkill_with_every_step_once_and_no_password(
     assert mlflow_run.data.params["trainer.epochs"] == "4" and mlflow_run.data.params["model._target_"]
     assert mlflow_run.data.params["log.mlflow_tracking_uri"] == uri.replace(password, "***")
     assert not any(password in value for value in mlflow_run.data.params.values())
-    # The run's record (provenance.json) beside the config: versions, hardware, the command line.
-    record = json.loads((run_dir / "provenance.json").read_text())[0]
-    assert mlflow_run.data.params["provenance.versions.torch"] == record["versions"]["torch"]
-    assert mlflow_run.data.params["provenance.hardware.world_size"] == "2"
     expected = points_of_metrics_jsonl(run_dir)
     histories = {name: client.get_metric_history(mlflow_run.info.run_id, name) for name in mlflow_run.data.metrics}
     got = [(name, point.step) for name, history in histories.items() for point in history]

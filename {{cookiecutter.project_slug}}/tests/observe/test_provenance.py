@@ -1,6 +1,6 @@
 """provenance.py: each start of a run adds a record (commit, dirtiness and diff, versions, hardware,
 command, training variables) to the run dir's provenance.json, with no secret in it; checkpoints and
-exports carry it."""
+exports carry it; the trackers get it as params and eval says its commit."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from {{cookiecutter.package_name}}.common.run_dir import LAUNCH_COMMAND_ENV
+from {{cookiecutter.package_name}}.common.launch_command import LAUNCH_COMMAND_ENV
 from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.engine.assembly import build
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.checkpoint.files import load_checkpoint
 from {{cookiecutter.package_name}}.export import export
@@ -21,6 +22,7 @@ from {{cookiecutter.package_name}}.observe.provenance import (
     DIFFS_DIR,
     PROVENANCE_FILE,
     Provenance,
+    describe,
     read_records,
     summary,
     write_export_record,
@@ -131,6 +133,7 @@ def test_a_run_records_each_start_its_checkpoints_carry_it_and_the_export_writes
     resumed = build_trainer(to_train_config(compose_config([*TINY, "trainer.epochs=2"])), cpu_env(0, 1), run_dir)
     resumed.metrics.close()
     assert [record["start"] for record in read_records(run_dir)] == [1, 2], "a resume appends a second record"
+    assert resumed.checkpoints.state_dict()["provenance"]["start"] == 2, "its checkpoints carry the resumed start's"
 
     export(checkpoint, tmp_path / "model.pt")
     exported = json.loads((tmp_path / f"model.pt.{PROVENANCE_FILE}").read_text())
@@ -147,3 +150,29 @@ def test_a_checkpoint_from_before_records_takes_its_run_dirs_or_none(tmp_path: P
     write_export_record(checkpoint, {"step": 3}, tmp_path / "folder", "weights")
     assert json.loads((tmp_path / "folder" / PROVENANCE_FILE).read_text())["run"] == {"start": 2}
     assert summary(None).startswith("the checkpoint carries no provenance record")
+    assert describe({"step": 3, "provenance": {"git": None}}) == "trained outside a git repository (no commit recorded)"
+
+
+class Sink:
+    """A sink that keeps the params it is started with."""
+
+    def __init__(self) -> None:
+        self.params: dict = {}
+
+    def start(self, resumed_step: int, metrics_path: Path, params: dict, own_checkpoint: bool) -> None:
+        self.params = params
+
+    def write(self, kind: str, values: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_sinks_get_the_record_as_params_beside_the_config(tmp_path: Path, monkeypatch) -> None:
+    sink = Sink()
+    monkeypatch.setattr(build, "build_sinks", lambda *args: [sink])
+    build_trainer(to_train_config(compose_config(TINY)), cpu_env(0, 1), tmp_path).metrics.close()
+    (record,) = read_records(tmp_path)
+    assert sink.params["provenance.versions.torch"] == record["versions"]["torch"]
+    assert sink.params["provenance.hardware.world_size"] == 1 and sink.params["trainer"]["epochs"] == 1

@@ -15,6 +15,7 @@ this contract too.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .redaction import redact, redact_text
+from .registry import modules_with
 
 OUTPUT_ROOT = "outputs"  # where new run dirs go, below the project (or the launch's working dir)
 # A run dir's own files and folders (besides what a sink of observe/sinks/ keeps there).
@@ -43,7 +45,14 @@ MARKERS = (STOPPED_MARKER, FAILED_MARKER, FINISHED_MARKER)
 CONTROL_DIR_ENV = "TRAIN_CONTROL_DIR"
 DEBUG_DIR_ENV = "TRAIN_DEBUG_DIR"  # set by the launcher under DEBUG=1: <run dir>/debug
 STORE_ADDRESS_ENV = "TRAIN_STORE_ADDRESS"  # where torchrun's stores listen (agent.py); unset: every interface
-LAUNCH_COMMAND_ENV = "TRAIN_LAUNCH_COMMAND"  # the launcher's arguments (a JSON list), for observe/provenance.py
+
+
+def launch_environment(mode: str, argv: list[str]) -> dict[str, str]:
+    """The launcher's command (`mode` and its arguments, a JSON list) for the workers, under the name a module
+    of this folder reads it by (its LAUNCH_COMMAND_ENV), found by what is present: nothing where none does."""
+    found = modules_with(__package__, [str(Path(__file__).parent)], "LAUNCH_COMMAND_ENV")
+    command = json.dumps([mode, *argv])
+    return {module.LAUNCH_COMMAND_ENV: command for module in found if hasattr(module, "LAUNCH_COMMAND_ENV")}
 
 
 def marker_dirs(run_dir: Path | None, control_dir: Path | None = None) -> list[Path]:

@@ -20,7 +20,6 @@ found where it is: sweep.py (-m, keys.sweep_module) and modes/ (modes that print
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..common.redaction import redact_text
-from ..common.run_dir import LAUNCH_COMMAND_ENV
+from ..common.run_dir import launch_environment
 from .checks import check_comm_config
 from .job import train
 from .keys import SCRIPTS, USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, sweep_module, usage
@@ -81,7 +80,7 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
         if args.multirun and mode != "single":
             raise LaunchError("-m (a sweep) runs on one node: use scripts/run_single.sh -m ...")
         launch = plan(mode, args, dict(os.environ), read_cluster_env(Path("scripts") / "cluster.env"))
-        launch.env[LAUNCH_COMMAND_ENV] = json.dumps([mode, *argv])  # the workers' provenance.json records it
+        launch.env.update(launch_environment(mode, argv))  # for the run's record, where the project keeps one
         if mode == "comm":
             check_comm_config(args.overrides, launch)
             check_rendezvous(launch)

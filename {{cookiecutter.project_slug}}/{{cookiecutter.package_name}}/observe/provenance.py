@@ -6,9 +6,10 @@ A record holds the git commit of the package's source and whether its tree was d
 HEAD of the tracked files, untracked files left out, goes to `provenance/diff_<N>.patch` beside it, N
 the record's number); the versions of python, torch, CUDA, NCCL and the project; the CPU, the GPUs, the
 world size and nodes; the command line (rank 0's argv, and the launcher's, which it passes on in
-LAUNCH_COMMAND_ENV); and the environment variables that change training (TRAINING_ENV_PREFIXES), never
-another. Everything goes through common/redaction.py: no token or password in a URL reaches the file.
-Checkpoints carry the start's record (`provenance`), and the export writes it beside its output.
+common/launch_command.py's LAUNCH_COMMAND_ENV); and the environment variables that change training
+(TRAINING_ENV_PREFIXES), never another. Everything goes through common/redaction.py: no token or password in a
+URL reaches the file. Checkpoints carry the start's record (`provenance`), and the export writes it beside its
+output. Nothing else names this module: engine/assembly/components.py's run_records finds it by its RUN_RECORD.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from typing import Any
 
 import torch
 
+from ..common.launch_command import LAUNCH_COMMAND_ENV
 from ..common.placement import DistEnv
 from ..common.redaction import redact
-from ..common.run_dir import LAUNCH_COMMAND_ENV, redact_override
+from ..common.run_dir import redact_override
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +218,11 @@ def summary(record: dict[str, Any] | None) -> str:
     return f"trained at commit {state['commit']}" + (" with uncommitted changes" if state.get("dirty") else "")
 
 
+def describe(payload: dict[str, Any]) -> str:
+    """summary() of a checkpoint's record: eval's line on the checkpoint it evaluates."""
+    return summary(payload.get("provenance"))
+
+
 def export_record_path(out: Path) -> Path:
     """Where the export's record goes: inside OUT when OUT is a folder, else beside it (OUT.provenance.json)."""
     return out / PROVENANCE_FILE if out.is_dir() else out.with_name(f"{out.name}.{PROVENANCE_FILE}")
@@ -261,3 +268,6 @@ class Provenance:
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
         """Nothing to restore: the record is this start's, the checkpoint's stays in provenance.json."""
+
+
+RUN_RECORD = Provenance  # started by build.py for each start, found by what is present (components.run_records)

@@ -180,7 +180,6 @@ def test_format_hf_writes_a_gpt2_that_transformers_loads_with_the_same_logits_an
         torch.testing.assert_close(loaded(tokens).logits, model(tokens), atol=1e-5, rtol=0)
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
     assert hf_tokenizer("the lazy fox jumps")["input_ids"] == tokens[0].tolist()
-    assert (tmp_path / "hf" / "provenance.json").is_file(), "the run's record inside the folder, as for any export"
 
 
 def test_format_hf_refuses_a_model_that_is_not_the_gpt_in_one_line(tmp_path: Path, capsys) -> None:

@@ -22,7 +22,6 @@ from ...config.batches import apply_global_batch
 from ...config.strategies import BLOCKS
 from ...models import count_parameters
 from ...observe.logs import MetricsLog
-from ...observe.provenance import Provenance
 from ...observe.sinks import build_sinks
 from ..callbacks import Callbacks, CallbackStates, Run, build_callbacks
 from ..checkpoint.files import list_checkpoints, local_folder
@@ -40,7 +39,7 @@ from ..trainer import StepRunner, Trainer
 from .activation import checkpoint_activations
 from .checks import Built
 from .compatibility import SamePreparedData
-from .components import build_model, build_optimizer, build_task
+from .components import build_model, build_optimizer, build_task, run_records
 from .init_weights import initialise_from
 
 log = logging.getLogger(__name__)
@@ -146,8 +145,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
     sinks = build_sinks(config.log, run_dir, env)  # what else receives the metrics (observe/sinks/)
     same_data = SamePreparedData(data.prepared, config.checkpoint.allow_changes)  # data prepared again: refused
     states = [CallbackStates(callbacks, env)] if callbacks.stateful() else []  # every rank's callbacks' states
-    provenance = Provenance.start(run_dir, env)  # rank 0: this start's record, in provenance.json and checkpoints
-    owners = [state, runner, schedule, monitor, ema, same_data, provenance,  # the generators last
+    records = [module.RUN_RECORD.start(run_dir, env) for module in run_records()]  # rank 0: this start's, saved
+    owners = [state, runner, schedule, monitor, ema, same_data, *records,  # the generators last
               *(sink for sink in sinks if hasattr(sink, "state_dict")), *states, generators]  # fmt: skip
     plain_config = to_plain_dict(config)
     checkpoints = CheckpointManager(
@@ -185,8 +184,9 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
     trainer.sample_audit.drop_after(state.step)  # the steps a kill cut short are redone and listed again
     if env.is_main:  # rank 0 feeds the sinks; a tracker's records wait for a checkpoint to cover them
         own_checkpoint = found is None or found[0] != Path(config.checkpoint.resume)  # not another run's
+        params = {**plain_config, **{key: value for record in records for key, value in record.params().items()}}
         for sink in sinks:
-            sink.start(state.step, trainer.metrics.path, {**plain_config, **provenance.params()}, own_checkpoint)
+            sink.start(state.step, trainer.metrics.path, params, own_checkpoint)
             trainer.metrics.sinks.append(sink)
             if hasattr(sink, "commit"):
                 checkpoints.on_written.append(sink.commit)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -74,6 +75,17 @@ def offered_keys() -> tuple[str, ...]:
 
     found = modules_with(tasks.__name__, tasks.__path__, "OFFERED")
     return tuple(key for module in found for key in getattr(module, "OFFERED", ()))
+
+
+def run_records() -> tuple[ModuleType, ...]:
+    """What records each start of a run, where the project keeps such a record: each module of observe/ with a
+    `RUN_RECORD` (a checkpoint owner's class: `start(run_dir, env)` on every rank, its `params()` for the
+    trackers), a `describe(payload)` (eval's line on a checkpoint) and a `write_export_record(checkpoint,
+    payload, out, line)` (its file beside an export), by what is present."""
+    from ... import observe
+
+    found = modules_with(observe.__name__, observe.__path__, "RUN_RECORD")
+    return tuple(module for module in found if hasattr(module, "RUN_RECORD"))
 
 
 def offered_only(config: Mapping[str, Any]) -> dict[str, Any]:

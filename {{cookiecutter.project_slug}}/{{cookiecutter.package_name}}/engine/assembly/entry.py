@@ -40,7 +40,6 @@ from ...common.run_dir import (
 from ...common.storage import local_path
 from ...config import TrainConfig, compose_for_checkpoint, register_configs, to_plain_dict, to_train_config
 from ...observe.logs import setup_logging
-from ...observe.provenance import summary
 from ..checkpoint.files import NotACheckpoint, best_checkpoint, load_checkpoint, shards_reader
 from ..checkpoint.trust import check_data_paths, check_trusted, command_values, saved_config
 from ..checkpoint.weights import has_ema, load_weights
@@ -51,7 +50,7 @@ from ..strategies import strategy_class
 from .build import build_trainer
 from .checks import check_components, check_launch
 from .compatibility import check_same_config_everywhere
-from .components import build_model, build_task, import_targets
+from .components import build_model, build_task, import_targets, run_records
 
 log = logging.getLogger(__name__)
 LAUNCHER_SWEEP = f"{__package__.split('.')[0]}.launch.sweep"  # -m of the launcher, where the project has it
@@ -240,8 +239,8 @@ def run_eval(cfg: DictConfig) -> None:
             model = checkpoint_model(path, payload, config, env.device)
             data = build_data(config.data, env, config.seed)
             result = evaluate(model, data.val_loader, build_task(config.task), env.device)
-            log.info("evaluated %s (step %d) on %d processes; %s", path, payload["step"], env.world_size,
-                     summary(payload.get("provenance")))  # fmt: skip
+            said = "".join(f"; {module.describe(payload)}" for module in run_records())  # the run's record
+            log.info("evaluated %s (step %d) on %d processes%s", path, payload["step"], env.world_size, said)
             if (why := result.uncounted()) and env.is_main:  # a NaN figure: say why beside it
                 log.warning(why)
             if env.is_main:
