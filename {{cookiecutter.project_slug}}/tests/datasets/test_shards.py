@@ -14,7 +14,7 @@ import torch
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.datasets import image_folder, sharded
 from {{cookiecutter.package_name}}.datasets.prepare import main as prepare
-from {{cookiecutter.package_name}}.datasets.shards import image_splits, write_shards
+from {{cookiecutter.package_name}}.datasets.shards import ShardedSet, image_splits, write_shards
 from {{cookiecutter.package_name}}.engine.data.sampler import ResumableDistributedSampler
 
 from ..helpers import cpu_env, write_image_tree
@@ -125,3 +125,69 @@ def test_a_cache_too_small_for_a_window_is_refused_and_a_forked_worker_lets_go_o
             os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0
     assert os.fstat(parents).st_ino == shard_file, "the parent's own stays open"
+
+
+# --- the training order: a few shards at a time (ShardedSet.sample_order, drawn by the sampler from (seed, epoch))
+
+
+def unread(sizes: list[int], window: int) -> ShardedSet:
+    """A split of shards of these sizes, none read: the order needs only their sizes."""
+    index = {"splits": {"train": [{"name": f"{k:05d}", "bytes": 1, "samples": n} for k, n in enumerate(sizes)]}}
+    return ShardedSet("/nowhere", index, "train", None, window, kind=None)
+
+
+SHARD_SIZES = [10, 10, 7, 10, 10, 10, 3, 10, 10, 10, 10, 10]  # 110 samples, two short shards
+
+
+def sharded_keys(world_size: int, epoch: int, seed: int = 7, window: int = 3, start: int = 0) -> list[list]:
+    result, shards = [], unread(SHARD_SIZES, window)
+    for rank in range(world_size):
+        sampler = ResumableDistributedSampler.for_dataset(shards, cpu_env(rank, world_size), 4, seed)
+        sampler.set_epoch(epoch)
+        sampler.set_start(start)
+        result.append(list(sampler))
+    return result
+
+
+def test_a_sharded_order_is_one_permutation_of_seed_and_epoch_at_any_world_size() -> None:
+    def order(seed: int, epoch: int, world_size: int = 1) -> list[int]:
+        per_rank = sharded_keys(world_size, epoch, seed)
+        steps = range(0, len(per_rank[0]), 4)
+        return [i for step in steps for keys in per_rank for i, _, weight in keys[step : step + 4] if weight > 0]
+
+    assert sorted(order(3, 2)) == list(range(110))
+    assert order(3, 2) == order(3, 2, world_size=2) == order(3, 2, world_size=5)
+    assert order(3, 2) != order(3, 1) and order(3, 2) != order(4, 2)
+    assert order(3, 2) != ResumableDistributedSampler(110, cpu_env(0, 1), 4, seed=3).epoch_order().tolist()
+    plain = ResumableDistributedSampler.for_dataset(range(110), cpu_env(0, 1), 4, seed=3)
+    assert plain.epoch_order().tolist() == ResumableDistributedSampler(110, cpu_env(0, 1), 4, 3).epoch_order().tolist()
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_a_sharded_order_keeps_each_ranks_reads_within_a_window_of_shards(world_size: int) -> None:
+    window = 3
+    shard_of = [shard for shard, size in enumerate(SHARD_SIZES) for _ in range(size)]
+    sampler = ResumableDistributedSampler.for_dataset(unread(SHARD_SIZES, window), cpu_env(0, 1), 4, seed=7)
+    sampler.set_epoch(1)
+    order = sampler.epoch_order().tolist()
+    shard_sequence = list(dict.fromkeys(shard_of[i] for i in order))
+    assert len({shard_of[i] for i in order[:10]}) > 1, "a window's samples are mixed, not read shard by shard"
+    window_of = {shard: position // window for position, shard in enumerate(shard_sequence)}
+    assert sorted(shard_sequence) == list(range(len(SHARD_SIZES))), "every shard read, one window after the other"
+    for keys in sharded_keys(world_size, epoch=1, window=window):
+        windows = [window_of[shard_of[index]] for index, _, _ in keys]
+        assert windows == sorted(windows), "a rank never goes back to an earlier window"
+    real = [i for keys in sharded_keys(world_size, epoch=1) for i, _, weight in keys if weight > 0]
+    assert sorted(real) == list(range(110)), "disjoint ranks, every sample once"
+
+
+def test_a_sharded_order_resumes_mid_epoch_on_another_world_size() -> None:
+    done = [i for keys in sharded_keys(2, epoch=4) for i, _, weight in keys[:12] if weight > 0]
+    rest = [i for keys in sharded_keys(3, epoch=4, start=len(done)) for i, _, weight in keys if weight > 0]
+    assert sorted(done + rest) == list(range(110))
+
+
+def test_the_order_of_a_seed_and_epoch_never_changes_so_an_older_runs_checkpoint_resumes_on_its_samples() -> None:
+    sampler = ResumableDistributedSampler.for_dataset(unread([4, 4, 4], 1), cpu_env(0, 1), 4, seed=0)
+    sampler.set_epoch(0)
+    assert sampler.epoch_order().tolist() == [11, 10, 8, 9, 1, 0, 3, 2, 5, 4, 6, 7]

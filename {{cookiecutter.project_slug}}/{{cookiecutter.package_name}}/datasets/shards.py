@@ -199,6 +199,19 @@ class ShardedSet(Dataset):
         self.pid = os.getpid()
         self.prepared: dict[str, str] | None = None  # {"root", "id"} of the data set: sharded() sets it
 
+    def sample_order(self, generator: torch.Generator) -> torch.Tensor:
+        """An epoch's order that reads few shards at a time (engine/data/sampler.py draws it from (seed, epoch)):
+        the shards in a random order, then the samples shuffled within each window of `shard_window`
+        consecutive shards of that order. Every rank's next global batches fall in one or two windows, so a
+        node needs about `shard_window` shards at a time, not all of them."""
+        shards = torch.randperm(len(self.shard_sizes), generator=generator).tolist()
+        windows = []
+        for begin in range(0, len(shards), self.shard_window):
+            indices = torch.cat([torch.arange(self.starts[k], self.starts[k + 1])
+                                 for k in shards[begin : begin + self.shard_window]])  # fmt: skip
+            windows.append(indices[torch.randperm(len(indices), generator=generator)])
+        return torch.cat(windows)
+
     def __len__(self) -> int:
         return self.starts[-1]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from {{cookiecutter.package_name}}.engine.data.sampler import ResumableDistributedSampler, eval_shard
@@ -88,85 +89,33 @@ def test_eval_shards_cover_an_odd_set_without_padding(world_size: int) -> None:
     assert sum(shards, []) == list(range(999))
 
 
-class Sharded:
-    """What a set read in shards shows the sampler: samples per shard and the window."""
+def test_a_set_that_draws_its_own_order_is_sampled_in_it_from_the_seed_and_epoch() -> None:
+    class Reversed:  # a set's own order (a set read in shards: a few at a time), from the generator
+        def __len__(self) -> int:
+            return 12
 
-    def __init__(self, shard_sizes: list[int], shard_window: int) -> None:
-        self.shard_sizes, self.shard_window = shard_sizes, shard_window
+        def sample_order(self, generator):
+            return torch.randperm(12, generator=generator).flip(0)
 
-    def __len__(self) -> int:
-        return sum(self.shard_sizes)
-
-
-SHARD_SIZES = [10, 10, 7, 10, 10, 10, 3, 10, 10, 10, 10, 10]  # 110 samples, two short shards
-
-
-def sharded_keys(world_size: int, epoch: int, seed: int = 7, window: int = 3, start: int = 0) -> list[list]:
-    result = []
-    for rank in range(world_size):
-        sampler = ResumableDistributedSampler.for_dataset(Sharded(SHARD_SIZES, window), cpu_env(rank, world_size), 4,
-                                                          seed)  # fmt: skip
-        sampler.set_epoch(epoch)
-        sampler.set_start(start)
-        result.append(list(sampler))
-    return result
-
-
-def test_a_sharded_order_is_one_permutation_of_seed_and_epoch_at_any_world_size() -> None:
-    def order(seed: int, epoch: int, world_size: int = 1) -> list[int]:
-        per_rank = sharded_keys(world_size, epoch, seed)
-        steps = range(0, len(per_rank[0]), 4)
-        return [i for step in steps for keys in per_rank for i, _, weight in keys[step : step + 4] if weight > 0]
-
-    assert sorted(order(3, 2)) == list(range(110))
-    assert order(3, 2) == order(3, 2, world_size=2) == order(3, 2, world_size=5)
-    assert order(3, 2) != order(3, 1) and order(3, 2) != order(4, 2)
-    assert order(3, 2) != ResumableDistributedSampler(110, cpu_env(0, 1), 4, seed=3).epoch_order().tolist()
-    plain = ResumableDistributedSampler.for_dataset(range(110), cpu_env(0, 1), 4, seed=3)
-    assert plain.epoch_order().tolist() == ResumableDistributedSampler(110, cpu_env(0, 1), 4, 3).epoch_order().tolist()
-
-
-@pytest.mark.parametrize("world_size", [1, 3, 4])
-def test_a_sharded_order_keeps_each_ranks_reads_within_a_window_of_shards(world_size: int) -> None:
-    window = 3
-    shard_of = [shard for shard, size in enumerate(SHARD_SIZES) for _ in range(size)]
-    sampler = ResumableDistributedSampler.for_dataset(Sharded(SHARD_SIZES, window), cpu_env(0, 1), 4, seed=7)
-    sampler.set_epoch(1)
-    order = sampler.epoch_order().tolist()
-    shard_sequence = list(dict.fromkeys(shard_of[i] for i in order))
-    assert len({shard_of[i] for i in order[:10]}) > 1, "a window's samples are mixed, not read shard by shard"
-    window_of = {shard: position // window for position, shard in enumerate(shard_sequence)}
-    assert sorted(shard_sequence) == list(range(len(SHARD_SIZES))), "every shard read, one window after the other"
-    for keys in sharded_keys(world_size, epoch=1, window=window):
-        windows = [window_of[shard_of[index]] for index, _, _ in keys]
-        assert windows == sorted(windows), "a rank never goes back to an earlier window"
-    real = [i for keys in sharded_keys(world_size, epoch=1) for i, _, weight in keys if weight > 0]
-    assert sorted(real) == list(range(110)), "disjoint ranks, every sample once"
-
-
-def test_a_sharded_order_resumes_mid_epoch_on_another_world_size() -> None:
-    done = [i for keys in sharded_keys(2, epoch=4) for i, _, weight in keys[:12] if weight > 0]
-    rest = [i for keys in sharded_keys(3, epoch=4, start=len(done)) for i, _, weight in keys if weight > 0]
-    assert sorted(done + rest) == list(range(110))
-
-
-def test_shards_that_do_not_add_up_to_the_set_are_refused() -> None:
-    with pytest.raises(ValueError, match="the set has 100"):
-        ResumableDistributedSampler(100, cpu_env(0, 1), 4, seed=0, shard_sizes=[50, 49])
+    own = ResumableDistributedSampler.for_dataset(Reversed(), cpu_env(0, 1), 4, seed=3)
+    plain = ResumableDistributedSampler.for_dataset(range(12), cpu_env(0, 1), 4, seed=3)
+    for epoch in (0, 1):
+        own.set_epoch(epoch), plain.set_epoch(epoch)
+        assert own.epoch_order().tolist() == plain.epoch_order().flip(0).tolist()
+    assert [index for index, _, _ in own] == own.epoch_order().tolist()
 
 
 def test_the_order_of_a_seed_and_epoch_never_changes_so_an_older_runs_checkpoint_resumes_on_its_samples() -> None:
     """Pinned: a run saved mid-epoch by an earlier version of the code resumes after the samples it
     trained on only if (seed, epoch) still draws the same permutation (how it is drawn is the contract)."""
 
-    def order(epoch: int, **shards) -> list[int]:
-        sampler = ResumableDistributedSampler(12, cpu_env(0, 1), 4, seed=0, **shards)
+    def order(epoch: int) -> list[int]:
+        sampler = ResumableDistributedSampler(12, cpu_env(0, 1), 4, seed=0)
         sampler.set_epoch(epoch)
         return sampler.epoch_order().tolist()
 
     assert order(0) == [5, 1, 0, 10, 7, 9, 2, 11, 6, 8, 3, 4]
     assert order(3) == [8, 6, 3, 10, 2, 1, 5, 9, 7, 4, 0, 11]
-    assert order(0, shard_sizes=[4, 4, 4]) == [11, 10, 8, 9, 1, 0, 3, 2, 5, 4, 6, 7], "a window of 1 shard by default"
 
 
 def test_a_fresh_sampler_starts_at_the_epochs_beginning() -> None:
@@ -174,18 +123,3 @@ def test_a_fresh_sampler_starts_at_the_epochs_beginning() -> None:
     assert len(sampler) == 5 and len(list(sampler)) == 5 and sampler.steps_left() == 3
     sampler.set_start(4)
     assert len(sampler) == 3 and sampler.steps_left() == 2
-
-
-def test_a_window_of_one_shard_is_the_least_and_a_set_without_one_reads_a_shard_at_a_time() -> None:
-    least = ResumableDistributedSampler(8, cpu_env(0, 1), 4, seed=0, shard_sizes=[4, 4], shard_window=1)
-    assert least.shard_window == 1
-    with pytest.raises(ValueError, match="in windows of 0"):
-        ResumableDistributedSampler(8, cpu_env(0, 1), 4, seed=0, shard_sizes=[4, 4], shard_window=0)
-
-    class ShardsOnly:  # a sharded set that does not say its window
-        shard_sizes = [4, 4]
-
-        def __len__(self) -> int:
-            return 8
-
-    assert ResumableDistributedSampler.for_dataset(ShardsOnly(), cpu_env(0, 1), 4, seed=0).shard_window == 1

@@ -7,9 +7,8 @@ also on another world size, and lets evaluation give the same figures at any wor
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import torch
@@ -35,8 +34,9 @@ class ResumableDistributedSampler(DistributedSampler):
     and `set_start(n)` resumes after the first n samples of the epoch, also on another world
     size. Call `set_epoch(epoch)` before every epoch, as with DistributedSampler.
 
-    A set read from shards (`shard_sizes`: samples per shard, in index order) gets a shard-aware
-    order (`shard_order`): still one permutation of (seed, epoch) alone, so all of the above holds.
+    A set that draws its own order (its `sample_order(generator)`: a set read in shards reads few at a
+    time) gets that order, from the same generator: still one permutation of (seed, epoch) alone, so all
+    of the above holds.
     """
 
     skipped: tuple[int, ...] = ()  # the samples no epoch holds (skip), in index order
@@ -47,24 +47,19 @@ class ResumableDistributedSampler(DistributedSampler):
         env: DistEnv,
         batch_size: int,
         seed: int,
-        shard_sizes: Sequence[int] = (),
-        shard_window: int = 1,
+        sample_order: Callable[[torch.Generator], torch.Tensor] | None = None,
     ) -> None:
         # DistributedSampler reads only the len() of its data set: a range stands in for it
         super().__init__(cast(Dataset, range(dataset_size)), num_replicas=env.world_size, rank=env.rank, seed=seed)
         self.dataset_size = dataset_size
         self.batch_size = batch_size
         self.start = 0
-        self.shard_sizes, self.shard_window = list(shard_sizes), shard_window
-        if self.shard_sizes and (sum(self.shard_sizes) != dataset_size or shard_window < 1):
-            raise ValueError(f"shards of {sum(self.shard_sizes)} samples in windows of {shard_window}: "
-                             f"the set has {dataset_size}")  # fmt: skip
+        self.sample_order = sample_order  # the set's own permutation of an epoch, from the generator
 
     @classmethod
     def for_dataset(cls, dataset: Any, env: DistEnv, batch_size: int, seed: int) -> ResumableDistributedSampler:
-        """The sampler of `dataset`: shard-aware where the set says it has shards (its shard_sizes)."""
-        shards = getattr(dataset, "shard_sizes", ())
-        return cls(len(dataset), env, batch_size, seed, shards, getattr(dataset, "shard_window", 1))
+        """The sampler of `dataset`: in the set's own order where it draws one (its sample_order)."""
+        return cls(len(dataset), env, batch_size, seed, getattr(dataset, "sample_order", None))
 
     @property
     def global_batch_size(self) -> int:
@@ -90,8 +85,8 @@ class ResumableDistributedSampler(DistributedSampler):
         """This epoch's permutation of the set, drawn from (seed, epoch) well mixed: seed s in epoch
         e+1 shares no order with seed s+1 in epoch e."""
         generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, ORDER_KEY) & (MASK64 >> 1))
-        if self.shard_sizes:
-            order = shard_order(self.shard_sizes, self.shard_window, generator)
+        if self.sample_order is not None:
+            order = self.sample_order(generator)
         else:  # drawn over the whole set: the samples left in keep their places relative to each other
             order = torch.randperm(self.dataset_size + len(self.skipped), generator=generator)
         return order[~torch.isin(order, torch.tensor(self.skipped, dtype=order.dtype))] if self.skipped else order
@@ -124,20 +119,6 @@ class ResumableDistributedSampler(DistributedSampler):
         remaining = self.dataset_size - self.start
         full, last = divmod(remaining, self.global_batch_size)
         return full * self.batch_size + (max(1, self.rank_slice(last)[1]) if last else 0)
-
-
-def shard_order(shard_sizes: Sequence[int], window: int, generator: torch.Generator) -> torch.Tensor:
-    """A permutation of a sharded set that reads few shards at a time: the shards in a random order,
-    then the samples shuffled within each window of `window` consecutive shards of that order. Shard k
-    holds the indices after those of shards 0..k-1. Every rank's next global batches fall in one or
-    two windows, so a node needs about `window` shards at a time, not all of them."""
-    starts = [0, *itertools.accumulate(shard_sizes)]
-    shards = torch.randperm(len(shard_sizes), generator=generator).tolist()
-    windows = []
-    for begin in range(0, len(shards), window):
-        indices = torch.cat([torch.arange(starts[k], starts[k + 1]) for k in shards[begin : begin + window]])
-        windows.append(indices[torch.randperm(len(indices), generator=generator)])
-    return torch.cat(windows)
 
 
 def eval_shard(size: int, rank: int, world_size: int) -> range:
