@@ -143,6 +143,12 @@ UNCHOSEN_FILES = {
         "tests/config/test_diagnostics.py",
         "tests/e2e/test_hang.py",
         "tests/e2e/profiled_run.py",
+        "scripts/check_comm.sh",
+        f"{PACKAGE}/comm_check.py",
+        f"{PACKAGE}/launch/modes/check_comm.py",
+        "tests/test_comm_check.py",
+        "tests/launch/modes/test_check_comm.py",
+        "tests/e2e/test_comm_check.py",
     ],
     ("prepared_data", "no"): [f"{PACKAGE}/datasets/prepare.py", "tests/datasets/test_prepare.py"],
     ("provenance", "no"): [

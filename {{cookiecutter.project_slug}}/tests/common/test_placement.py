@@ -17,7 +17,7 @@ from {{cookiecutter.package_name}}.common.placement import choose_backend, visib
         ("auto", 0, 2, "gloo", False, False),
         ("auto", 8, 8, "nccl", True, False),
         ("auto", 8, 4, "nccl", True, False),
-        ("auto", 1, 4, "gloo", True, True),  # the single-GPU communication check
+        ("auto", 1, 4, "gloo", True, True),  # four processes on one GPU: they share it over gloo
         ("gloo", 0, 3, "gloo", False, False),
         ("gloo", 2, 2, "gloo", True, False),
         ("gloo", 1, 1, "gloo", True, False),  # gloo with CUDA tensors, one GPU each

@@ -68,7 +68,6 @@ def test_cluster_env_gives_defaults_below_the_environment(tmp_path: Path) -> Non
         ("multi", ["NODE_RANK=0", "MASTER_PORT=70000"], "MASTER_PORT=70000 is outside 1..65535"),
         ("multi", ["NODE_RANK=0", "MASTER_PORT=0"], "MASTER_PORT=0 must be at least 1"),
         ("multi", ["NODE_RANK=1", "MASTER_ADDR=no-such-host.invalid"], "MASTER_ADDR=no-such-host.invalid does not"),
-        ("comm", ["NODE_RANK=0", "RUN_DIR=x"], "unknown key RUN_DIR"),
     ],
 )
 def test_bad_keys_are_one_line_errors(mode: str, argv: list[str], message: str) -> None:

@@ -8,23 +8,9 @@ from pathlib import Path
 import pytest
 
 from {{cookiecutter.package_name}}.launch import job as job_module
-from {{cookiecutter.package_name}}.launch import main as launch_module
 from {{cookiecutter.package_name}}.launch.main import main
 
 from ..helpers import TINY_JOB, free_port, quick_jobs
-
-
-@pytest.mark.parametrize(("overrides", "message"), [(["dist.backend=nccl"], "dist.backend=nccl needs a GPU"),
-                                                    (["dist.timeout_s=0"], "dist.timeout_s must be > 0")])  # fmt: skip
-def test_the_communication_check_refuses_a_bad_override_before_torchrun(monkeypatch, capsys, overrides, message):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    started = []
-    monkeypatch.setattr(launch_module, "torchrun", lambda *args, **kwargs: started.append(args) or 0)
-    with pytest.raises(SystemExit) as exited:
-        main(["comm", "NPROC_PER_NODE=2", *overrides])
-    assert exited.value.code == 2 and not started
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
 def test_a_refused_launch_exits_2_with_one_line_and_leaves_no_run_dir(tmp_path: Path, monkeypatch, capsys) -> None:

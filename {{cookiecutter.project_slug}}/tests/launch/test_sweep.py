@@ -12,6 +12,7 @@ import pytest
 from {{cookiecutter.package_name}}.launch import job as job_module
 from {{cookiecutter.package_name}}.launch.keys import keys_of, parse_args, usage
 from {{cookiecutter.package_name}}.launch.main import main
+from {{cookiecutter.package_name}}.launch.modes import extra_modes
 from {{cookiecutter.package_name}}.launch.supervise import Forwarder
 from {{cookiecutter.package_name}}.launch.sweep import point_dir_name, results_table, sweep_points
 
@@ -120,4 +121,5 @@ def test_run_single_takes_the_sweeps_keys_and_no_other_mode_does() -> None:
     assert [key.name for key in keys_of("single")][-3:] == ["SWEEP_DIR", "SUBMIT", "SUBMIT_ARGS"]
     assert "  SWEEP_DIR " in usage("single") and "-m/--multirun (a sweep" in usage("single")
     assert parse_args(["SWEEP_DIR=s", "-m", "optim.lr=1,2"], "single").keys == {"SWEEP_DIR": "s"}
-    assert not any(key.name.startswith(("SWEEP", "SUBMIT")) for key in keys_of("multi") + keys_of("comm"))
+    others = keys_of("multi") + [key for mode in extra_modes() for key in keys_of(mode)]
+    assert not any(key.name.startswith(("SWEEP", "SUBMIT")) for key in others)

@@ -1,5 +1,5 @@
-"""`python -m <package>.launch single|multi|comm ...`: what scripts/run_single.sh, run_multi.sh and
-check_comm.sh run (main.py)."""
+"""`python -m <package>.launch single|multi|<mode> ...`: what scripts/run_single.sh, run_multi.sh and the
+scripts of launch/modes/ run (main.py)."""
 
 import sys
 

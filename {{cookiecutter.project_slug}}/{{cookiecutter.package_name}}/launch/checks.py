@@ -74,11 +74,6 @@ def check_global_batch(config, launch: Launch) -> None:  # noqa: ANN001 (a Train
         split_global_batch(config.data.global_batch_size, config.data.micro_batch_size, nodes * launch.nproc)
 
 
-def check_comm_config(overrides: list[str], launch: Launch) -> None:
-    """What check_comm.sh's workers compose (the dist section) and the backend they would choose."""
-    checked_config(overrides, launch)
-
-
 def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Path | None:
     """What the launcher checks before torchrun, in well under a second: the config as the workers
     will compose it, the backend for this launch's processes and GPUs, the run dir (its `${...}`

@@ -16,7 +16,7 @@ from types import ModuleType
 from .modes import extra_modes
 
 USER_ERROR_EXIT = 2
-SCRIPTS = {"single": "run_single.sh", "multi": "run_multi.sh", "comm": "check_comm.sh"}  # the launcher's modes
+SCRIPTS = {"single": "run_single.sh", "multi": "run_multi.sh"}  # the launcher's own modes (more: launch/modes/)
 SWEEP = f"{__package__}.sweep"  # -m on one node, where the project was made with it
 
 
@@ -30,39 +30,39 @@ class Key:
     default: str
     help: str
     env: tuple[str, ...] = ()  # read from the environment when the command line does not give the key
-    modes: tuple[str, ...] = ("single", "multi", "comm")
+    modes: tuple[str, ...] = ("single", "multi")
 
 
 KEYS = (
-    Key("NPROC_PER_NODE", "", "processes on this machine (default: the visible GPUs; on CPUs 1, 2 in multi and comm)",
-        env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE"), modes=("single", "multi", "comm")),
+    Key("NPROC_PER_NODE", "", "processes on this machine (default: the visible GPUs; on CPUs 1 in single, else 2)",
+        env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE")),
     Key("GPUS", "", "the GPUs to use, e.g. GPUS=0,1,2,3: CUDA_VISIBLE_DEVICES, and one process per listed GPU"),
     Key("MAX_RESTARTS", "3", "times torchrun restarts failed workers; they resume from the newest checkpoint",
         env=("PET_MAX_RESTARTS",), modes=("single", "multi")),
     Key("RUN_DIR", "", "the run dir (default: a new outputs/<date>_<time>; many nodes: outputs/RUN_NAME); an "
         "existing one is resumed", modes=("single", "multi")),
     Key("NODE_RANK", "", "this node's rank: 0 on the first node, 1, 2, ... on the others",
-        env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi", "comm")),
+        env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi",)),
     Key("NNODES", "2", "N: static, exactly N nodes; MIN:MAX: elastic (c10d rendezvous; nodes may join and leave)",
-        env=("NNODES", "PET_NNODES"), modes=("multi", "comm")),
+        env=("NNODES", "PET_NNODES"), modes=("multi",)),
     Key("MASTER_ADDR", "", "node 0's address, reachable from every node (required on nodes other than 0)",
-        env=("MASTER_ADDR", "PET_MASTER_ADDR"), modes=("multi", "comm")),
+        env=("MASTER_ADDR", "PET_MASTER_ADDR"), modes=("multi",)),
     Key("MASTER_PORT", "29500", "a free port on node 0", env=("MASTER_PORT", "PET_MASTER_PORT"),
-        modes=("multi", "comm")),
+        modes=("multi",)),
     Key("RUN_NAME", "", "the run dir is outputs/RUN_NAME on every node (default: multi_<MASTER_ADDR>_<MASTER_PORT>)",
         modes=("multi",)),
-    Key("LOCAL_ADDR", "", "this node's address, where its hostname does not resolve to it", modes=("multi", "comm")),
-    Key("WAIT_FOR_MASTER_S", "120", "how long nodes other than 0 wait for node 0's port", modes=("multi", "comm")),
+    Key("LOCAL_ADDR", "", "this node's address, where its hostname does not resolve to it", modes=("multi",)),
+    Key("WAIT_FOR_MASTER_S", "120", "how long nodes other than 0 wait for node 0's port", modes=("multi",)),
     Key("WAIT_FOR_NODES_S", "600", "how long a node waits for all NNODES (MIN of MIN:MAX) to join before it gives up",
-        modes=("multi", "comm")),
+        modes=("multi",)),
     Key("RDZV_LAST_CALL_S", "5", "elastic: how long the rendezvous waits for more nodes once MIN have come",
-        modes=("multi", "comm")),
+        modes=("multi",)),
     Key("RDZV_HEARTBEAT_S", "5", "elastic: how often each node tells the rendezvous it lives; one silent for 3 is "
-        "dropped and the others go on without it", modes=("multi", "comm")),
+        "dropped and the others go on without it", modes=("multi",)),
     Key("DEBUG", "0", "1: diagnose a hang, into <run dir>/debug/: torch.distributed and NCCL debug logs, NCCL's "
         "flight recorder, and the workers' own debug files (docs/debugging.md)", modes=("single", "multi")),
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
-        "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi", "comm")),
+        "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi")),
 )  # fmt: skip
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 

@@ -1,6 +1,6 @@
-"""The launch layer behind scripts/run_single.sh, run_multi.sh and check_comm.sh.
+"""The launch layer behind scripts/run_single.sh, run_multi.sh and the scripts of launch/modes/.
 
-    python -m <package>.launch single|multi|comm|<mode> [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun]
+    python -m <package>.launch single|multi|<mode> [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun]
 
 One table of launch keys (KEYS) with their defaults and help. A launch checks the keys, then
 what needs no torch (preflight, in this process: the config, the backend, the run dir), then starts
@@ -15,7 +15,8 @@ The modules of launch/, one concern each: keys.py (the keys and the command line
 (torchrun's arguments and the workers' environment), checks.py (the checks before torchrun),
 rendezvous.py (the nodes' meeting point), supervise.py (torchrun as a child, signals), job.py
 (one training job), agent.py (torchrun itself, quieter). What a project was made with beyond these is
-found where it is: sweep.py (-m, keys.sweep_module) and modes/ (modes that print what starts a job elsewhere).
+found where it is: sweep.py (-m, keys.sweep_module) and modes/ (modes that print what starts a job elsewhere,
+or start torchrun on a module of their own).
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from typing import NoReturn
 
 from ..common.redaction import redact_text
 from ..common.run_dir import launch_environment
-from .checks import check_comm_config
 from .job import train
 from .keys import SCRIPTS, USER_ERROR_EXIT, LaunchArgs, LaunchError, parse_args, read_cluster_env, sweep_module, usage
 from .modes import extra_modes
 from .plan import plan, worker_environment
-from .rendezvous import check_rendezvous
-from .supervise import PACKAGE, Forwarder, say, torchrun
+from .supervise import PACKAGE, Forwarder, say
 
 
 def fail(message: str) -> NoReturn:
@@ -63,15 +62,13 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
     mode = argv.pop(0) if argv and argv[0] in (*SCRIPTS, *modes) else "single"
     try:
         args = parse_args(argv, mode)
-        if mode in modes:  # nothing started: what starts the job elsewhere
-            return int(modes[mode].main(args, dict(os.environ)))
+        if mode in modes:  # its own keys' help, checks and start
+            return int(modes[mode].main(args, dict(os.environ), forwarder))
         if args.help:
             print(usage(mode), flush=True)
-            if mode == "comm":
-                return 0
             print(flush=True)
             return hydra_only(args)
-        if args.hydra_flags and mode != "comm":
+        if args.hydra_flags:
             return hydra_only(args)
         sweeps = sweep_module()
         if args.multirun and sweeps is None:
@@ -81,10 +78,6 @@ def launch_main(argv: list[str], forwarder: Forwarder) -> int:
             raise LaunchError("-m (a sweep) runs on one node: use scripts/run_single.sh -m ...")
         launch = plan(mode, args, dict(os.environ), read_cluster_env(Path("scripts") / "cluster.env"))
         launch.env.update(launch_environment(mode, argv))  # for the run's record, where the project keeps one
-        if mode == "comm":
-            check_comm_config(args.overrides, launch)
-            check_rendezvous(launch)
-            return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
         if sweeps is not None:
             if args.multirun:
                 return int(sweeps.sweep(launch, args, forwarder))

@@ -61,8 +61,8 @@ def cpu_cores() -> int:
 
 def default_processes(mode: str, gpus: int) -> int:
     """Processes on this node when NPROC_PER_NODE is not given: one per GPU; on CPUs, one for a job
-    on one machine, whose threads share the cores (cpu_threads), or 2 for the other modes (a
-    communication check needs two; nodes of a CPU cluster keep what they had)."""
+    on one machine, whose threads share the cores (cpu_threads), or 2 for the other modes (a check of
+    the links needs two; nodes of a CPU cluster keep what they had)."""
     return gpus or (1 if mode == "single" else 2)
 
 
@@ -111,7 +111,7 @@ def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str
     if not values["NPROC_PER_NODE"]:  # the user's count, when given, is what runs
         values["NPROC_PER_NODE"] = str(default_processes(mode, devices))
     nproc = whole_number(values, "NPROC_PER_NODE", 1)
-    max_restarts = whole_number(values, "MAX_RESTARTS", 0) if "MAX_RESTARTS" in values else 0  # comm: never
+    max_restarts = whole_number(values, "MAX_RESTARTS", 0) if "MAX_RESTARTS" in values else 0  # a mode without: never
     shutdown = whole_number(values, "SHUTDOWN_TIMEOUT_S", 0)
     launch = Launch(mode, values, nproc, gpus)
     threads = cpu_threads(nproc, devices)
@@ -121,7 +121,7 @@ def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str
     if values.get("DEBUG") == "1":
         launch.env.update(debug_environment(environ))
     common = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
-    if mode == "multi" or (mode == "comm" and values["NODE_RANK"]):
+    if mode == "multi" or values.get("NODE_RANK"):  # another mode given a NODE_RANK: nodes too
         launch.torchrun_args = common + multi_node_args(values, launch.env)
     else:
         launch.torchrun_args = ["--standalone", *common]

@@ -19,7 +19,7 @@ from .keys import LaunchError
 from .plan import Launch
 from .rendezvous import NodeWait, NodeZeroWatch, has_children
 
-PACKAGE = __package__.split(".")[0]  # the import name of the package the launch starts: its train, comm_check
+PACKAGE = __package__.split(".")[0]  # the import name of the package the launch starts: its train, a mode's own
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

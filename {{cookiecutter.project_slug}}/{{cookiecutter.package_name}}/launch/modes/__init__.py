@@ -1,9 +1,10 @@
-"""The launch modes beyond single, multi and comm: every module in this folder is one, present where it
+"""The launch modes beyond single and multi: every module in this folder is one, present where it
 was chosen when the project was made. Nothing outside names them.
 
 A mode module has MODE (its word: `python -m <package>.launch MODE`), SCRIPT (its script in scripts/),
 SHARED_KEYS (the names of the launcher's keys it takes as well), KEYS (its own, launch/keys.py's Key)
-and `main(args, environ) -> int`, which prints and starts nothing.
+and `main(args, environ, forwarder) -> int`: what it prints (what starts a job elsewhere), or what it starts
+(torchrun on a module of its own, through supervise.py's torchrun and the forwarder); its exit code.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 from ..checks import checked_config
 from ..keys import Key, LaunchArgs, LaunchError, keys_of, resolve_keys, usage, whole_number
 from ..plan import Launch
-from ..supervise import say
+from ..supervise import Forwarder, say
 
 MODE, SCRIPT = "k8s", "k8s_job.sh"
 SHARED_KEYS = ("NPROC_PER_NODE", "MAX_RESTARTS", "NNODES", "MASTER_PORT", "RUN_NAME", "SHUTDOWN_TIMEOUT_S")
@@ -169,7 +169,7 @@ def render(args: LaunchArgs, environ: dict[str, str]) -> str:
     return head + yaml.safe_dump(job, sort_keys=False)
 
 
-def main(args: LaunchArgs, environ: dict[str, str]) -> int:
-    """The manifest, or the keys' help, on stdout."""
+def main(args: LaunchArgs, environ: dict[str, str], forwarder: Forwarder) -> int:
+    """The manifest, or the keys' help, on stdout (nothing started: the forwarder is not used)."""
     print(usage(MODE) if args.help else render(args, environ), end="" if not args.help else "\n")
     return 0
