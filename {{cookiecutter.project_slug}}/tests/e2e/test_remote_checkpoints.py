@@ -20,18 +20,20 @@ from .jobs import assert_bit_identical, checkpoint_of, finish, start, wait_for
 
 pytestmark = pytest.mark.slow
 
-# 1024 samples, 32 a batch, 2 processes: 16 steps an epoch; a checkpoint every 4 steps. 32x32 images: steps
-# slow enough that the kill lands before the last one.
+# 1024 samples, 32 a batch, 2 processes: 16 steps an epoch; a checkpoint every 4 steps; 32x32 images.
 JOB = [*SMALL, "data.image_size=32", "trainer.epochs=2", "checkpoint.every_n_steps=4", "checkpoint.keep_last=2"]
 # Every checkpoint kept: the relaunch's copy of the step set aside is compared at the end (keep_last=2 in the
 # store: tests/engine/checkpoint/test_store.py).
 SHARDED = [*JOB, f"strategy={WIDEST}", "checkpoint.keep_last=20"]  # a folder of shards where the project has them
 SUFFIX = "" if WIDEST != "ddp" else ".pt"  # a checkpoint's name in the store
-LAST_STEP = 32
+# The killed job's 4 epochs: the kill lands long before its last step, however slow the polls are (with 2 epochs,
+# a loaded CI machine saw step 8 in the store only once the job had saved its last, step 32; idle: step 12).
+KILLED = [*SHARDED, "trainer.epochs=4"]
+LAST_STEP = 64
 
 
-def store_steps(url: str) -> list[int]:
-    return [int(re.findall(r"\d+", name)[0]) for name in CheckpointStore(url, retry_s=5).names()]
+def store_steps(url: str, store: CheckpointStore | None = None) -> list[int]:
+    return [int(re.findall(r"\d+", name)[0]) for name in (store or CheckpointStore(url, retry_s=5)).names()]
 
 
 def every_file_text(root: Path) -> str:
@@ -42,8 +44,8 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_bit_for_bit(s3_ser
     bucket, fs = s3_server.bucket(), s3_server.filesystem()
     # A node's job, killed outright (SIGKILL to all of it) after its second checkpoint went up.
     url, killed = f"{bucket}/run", tmp_path / "killed"
-    proc = start(killed, 2, *SHARDED, f"checkpoint.dir={url}")
-    wait_for(lambda: any(step >= 8 for step in store_steps(url)), "a checkpoint of step 8 in the store")
+    proc, polled = start(killed, 2, *KILLED, f"checkpoint.dir={url}"), CheckpointStore(url, retry_s=5)
+    wait_for(lambda: any(step >= 8 for step in store_steps(url, polled)), "a checkpoint of step 8 in the store")
     os.killpg(proc.pid, signal.SIGKILL)
     finish(proc)
     saved = max(store_steps(url))
@@ -60,7 +62,7 @@ def test_a_job_killed_resumes_from_the_store_on_an_empty_disk_bit_for_bit(s3_ser
 
     # Relaunched elsewhere (the same RUN_DIR, an empty disk): the newest checkpoint comes down, bit for bit.
     again = killed
-    code, output = finish(start(again, 2, *SHARDED, f"checkpoint.dir={url}"))
+    code, output = finish(start(again, 2, *KILLED, f"checkpoint.dir={url}"))
     assert code == 0, output[-3000:]
     assert f"resumed from {checkpoint_of(again, resumed)}" in output
     # brought down by the workers' start checks, then the local copy of the store's newest (remote_checkpoints.md)
