@@ -419,3 +419,14 @@ def train_stop_resume(
         if extra is not None:
             ends[f"{name}_extra"] = extra(trained)
     return ends
+
+
+def forbid_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if torchrun's agent (launch/supervise.py starts it) is started; other processes run."""
+    real_popen = subprocess.Popen
+
+    def no_torchrun(command, *args, **kwargs):
+        assert not any(str(part).endswith(".agent") for part in command), "torchrun started"
+        return real_popen(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", no_torchrun)

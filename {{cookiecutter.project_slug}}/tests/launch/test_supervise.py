@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -19,17 +18,13 @@ from {{cookiecutter.package_name}}.launch.main import main
 from {{cookiecutter.package_name}}.launch.rendezvous import NodeZeroWatch
 from {{cookiecutter.package_name}}.launch.supervise import FORWARDED_SIGNALS, Forwarder
 
+from ..helpers import forbid_torchrun
+
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_during_the_checks_stops_the_launch_before_torchrun(monkeypatch, capsys, tmp_path, signum) -> None:
     monkeypatch.chdir(tmp_path)
-    real_popen = subprocess.Popen
-
-    def no_torchrun(command, *args, **kwargs):
-        assert not any(str(part).endswith(".agent") for part in command), "torchrun started"
-        return real_popen(command, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", no_torchrun)
+    forbid_torchrun(monkeypatch)
     checks = job_module.preflight  # where its caller looks it up: job.train calls preflight
 
     def interrupted_checks(*args, **kwargs):  # the signal arrives while the launcher still checks

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import pytest
 
@@ -15,7 +14,7 @@ from {{cookiecutter.package_name}}.launch.keys import LaunchError
 from {{cookiecutter.package_name}}.launch.main import main
 from {{cookiecutter.package_name}}.launch.modes import check_comm
 
-from ...helpers import planned, run
+from ...helpers import forbid_torchrun, planned, run
 
 
 def test_two_processes_share_the_cores_of_a_cpu_machine_and_never_restart(monkeypatch) -> None:
@@ -47,13 +46,7 @@ def test_a_bad_override_is_refused_in_one_line_before_torchrun(monkeypatch, caps
 
 def test_a_signal_during_the_checks_stops_the_check_before_torchrun(monkeypatch, capsys, tmp_path) -> None:
     monkeypatch.chdir(tmp_path)
-    real_popen = subprocess.Popen
-
-    def no_torchrun(command, *args, **kwargs):
-        assert not any(str(part).endswith(".agent") for part in command), "torchrun started"
-        return real_popen(command, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", no_torchrun)
+    forbid_torchrun(monkeypatch)
     checks = check_comm.checked_config
 
     def interrupted_checks(*args, **kwargs):  # the signal arrives while the launcher still checks
