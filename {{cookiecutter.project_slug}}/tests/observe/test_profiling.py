@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from {{cookiecutter.package_name}}.config import to_train_config
+from {{cookiecutter.package_name}}.observe.hangs import StallWatch
 from {{cookiecutter.package_name}}.observe.profiling import StepProfiler, build_watch
 
-from ..helpers import SMALL, compose_config, cpu_env, run
+from ..helpers import SMALL, compose_config, cpu_env, run, trainer
 
 
 def run_steps(profiler: StepProfiler, numbers: range) -> None:
@@ -63,6 +64,15 @@ def test_profile_steps_off_leaves_the_loop_without_a_profiler(tmp_path: Path) ->
     assert build_watch(config, tmp_path, cpu_env(0, 1)) is None
     profiled = to_train_config(compose_config(["trainer.profile_steps=2:3"]))
     assert isinstance(build_watch(profiled, tmp_path, cpu_env(0, 1)), StepProfiler)
+
+
+def test_the_built_trainer_watches_with_what_observe_has(tmp_path: Path) -> None:
+    """assembly/build.py finds the diagnostics by build_watch: the stall watch always, the profiler when asked."""
+    assert [type(watch) for watch in trainer(tmp_path / "plain").watches] == [StallWatch]
+    profiled = trainer(tmp_path / "profiled", "trainer.profile_steps=2:3").watches
+    assert [type(watch) for watch in profiled] == [StallWatch, StepProfiler]
+    for watch in profiled:
+        watch.close()
 
 
 @pytest.mark.slow

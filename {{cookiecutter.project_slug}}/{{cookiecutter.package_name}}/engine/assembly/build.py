@@ -13,9 +13,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from ... import observe
 from ...common.placement import DistEnv
-from ...common.registry import modules_with
 from ...common.run_dir import LOGS_DIR, METRICS_FILE
 from ...config import TrainConfig, to_plain_dict
 from ...config.batches import apply_global_batch
@@ -39,14 +37,10 @@ from ..trainer import StepRunner, Trainer
 from .activation import checkpoint_activations
 from .checks import Built
 from .compatibility import SamePreparedData
-from .components import build_model, build_optimizer, build_task, run_records
+from .components import build_model, build_optimizer, build_task, observe_modules, run_records
 from .init_weights import initialise_from
 
 log = logging.getLogger(__name__)
-
-# The diagnostics around the loop that the project has: the modules of observe/ with a build_watch
-# (engine/trainer.py's Watch).
-WATCHES = modules_with(observe.__name__, observe.__path__, "def build_watch(")
 
 
 def use_deterministic_kernels(enabled: bool) -> None:
@@ -149,6 +143,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
     owners = [state, runner, schedule, monitor, ema, same_data, *records,  # the generators last
               *(sink for sink in sinks if hasattr(sink, "state_dict")), *states, generators]  # fmt: skip
     plain_config = to_plain_dict(config)
+    watches = [module.build_watch(config, run_dir, env) for module in observe_modules("build_watch")]  # Watch
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir
     )
@@ -167,7 +162,7 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
         checkpoints=checkpoints,
         metrics=MetricsLog(run_dir / METRICS_FILE, enabled=env.is_main),
         sample_audit=MetricsLog(run_dir / LOGS_DIR / f"samples_rank_{env.rank}.jsonl", config.trainer.record_samples),
-        watches=tuple(watch for module in WATCHES if (watch := module.build_watch(config, run_dir, env)) is not None),
+        watches=tuple(watch for watch in watches if watch is not None),
         schedule=schedule,
         monitor=monitor,
         ema=ema,

@@ -82,10 +82,15 @@ def run_records() -> tuple[ModuleType, ...]:
     `RUN_RECORD` (a checkpoint owner's class: `start(run_dir, env)` on every rank, its `params()` for the
     trackers), a `describe(payload)` (eval's line on a checkpoint) and a `write_export_record(checkpoint,
     payload, out, line)` (its file beside an export), by what is present."""
+    return observe_modules("RUN_RECORD")
+
+
+def observe_modules(name: str) -> tuple[ModuleType, ...]:
+    """The modules of observe/ that define `name` (a capability's: run_records; build_watch, the trainer's
+    diagnostics around the loop, engine/trainer.py's Watch), those the project has, in name order."""
     from ... import observe
 
-    found = modules_with(observe.__name__, observe.__path__, "RUN_RECORD")
-    return tuple(module for module in found if hasattr(module, "RUN_RECORD"))
+    return tuple(module for module in modules_with(observe.__name__, observe.__path__, name) if hasattr(module, name))
 
 
 def offered_only(config: Mapping[str, Any]) -> dict[str, Any]:
