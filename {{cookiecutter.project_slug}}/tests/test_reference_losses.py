@@ -60,12 +60,14 @@ def losses(case: dict, run_dir: Path) -> list[float]:
 
 
 def environment() -> dict[str, object]:
-    """What the bits depend on: torch, the CPU's kind and model, the thread count (and, for the record, Python)."""
+    """What the bits depend on: torch, the CPU's kind and model, the instruction set torch's kernels use (two
+    CPUs both named "AMD EPYC" may differ: AVX2 or AVX512), the thread count (and, for the record, Python)."""
     cpuinfo = Path("/proc/cpuinfo")
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
              if line.startswith("model name")] if cpuinfo.is_file() else []  # fmt: skip
     cpu = names[0] if names else platform.processor()
-    return {"torch": torch.__version__, "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
+    return {"torch": torch.__version__, "machine": platform.machine(), "cpu": cpu,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
             "python": platform.python_version()}  # fmt: skip
 
 
@@ -86,11 +88,12 @@ def single_thread() -> Iterator[None]:
 
 
 def test_the_first_losses_are_the_recorded_ones(tmp_path: Path, single_thread: None) -> None:
-    """Bit for bit where torch, the CPU model and the thread count are the recorded ones; within TOLERANCE
-    elsewhere. A failure here is a change of the numbers: if intended, regenerate the file (module docstring)."""
+    """Bit for bit where torch, the CPU model, its instruction set and the thread count are the recorded ones;
+    within TOLERANCE elsewhere. A failure here is a change of the numbers: if intended, regenerate the file
+    (module docstring)."""
     reference = json.loads(REFERENCE.read_text())
     recorded, here = reference["environment"], environment()
-    same = all(recorded[key] == here[key] for key in ("torch", "machine", "cpu", "threads"))
+    same = all(recorded.get(key) == here[key] for key in ("torch", "machine", "cpu", "cpu_capability", "threads"))
     for name, case in reference["cases"].items():
         expected_hex = case["losses"]
         expected = [float.fromhex(value) for value in expected_hex]
