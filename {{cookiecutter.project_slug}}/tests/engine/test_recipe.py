@@ -224,7 +224,7 @@ EXTRA_SETS = ["trainer.max_steps=6", f"+data.val_sets.easy={extra_set(3, 13)}",
 
 
 def test_named_validation_sets_are_each_evaluated_as_alone_and_the_monitor_may_rank_by_one(tmp_path: Path) -> None:
-    from {{cookiecutter.package_name}}.engine.callbacks import eval_loader
+    from {{cookiecutter.package_name}}.engine.data.loader import eval_loader
 
     run = relaunch(tmp_path, *EXTRA_SETS, "checkpoint.keep_best=1", "checkpoint.monitor=val_hard_loss")
     run.fit()
@@ -234,7 +234,7 @@ def test_named_validation_sets_are_each_evaluated_as_alone_and_the_monitor_may_r
     assert {"val_loss", "val_acc", "val_easy_loss", "val_easy_acc", "val_hard_loss", "val_hard_acc"} <= set(val[-1])
     for name, dataset in (("easy", run.data.val_sets["easy"].dataset.dataset.base),
                           ("hard", run.data.val_sets["hard"].dataset.dataset.base)):  # fmt: skip
-        alone = run.evaluate_on(eval_loader(dataset, run.config.data, CPU, run.config.seed))
+        alone = run.validate(eval_loader(dataset, run.config.data, CPU, run.config.seed)).metrics
         assert {f"val_{name}_{key}": value for key, value in alone.items()} == {
             key: value for key, value in val[-1].items() if key.startswith(f"val_{name}_")}, name  # fmt: skip
     assert len(run.data.val_sets["hard"].dataset) == 11 and val[-1]["val_samples"] == 16

@@ -1,7 +1,5 @@
-"""A model's repeated blocks: the units activation checkpointing recomputes (assembly/activation.py)
-and a sharding strategy shards one by one, so that one setting (config/strategies.py's BLOCKS, where the
-project has such a strategy) means the same under every strategy: the modules of the classes it
-names, else the model's own repeated units."""
+"""A model's repeated blocks: the units activation checkpointing recomputes and a sharding strategy shards one
+by one, so that one setting means the same under every strategy."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ from ..common.errors import ConfigError
 
 
 def find_blocks(model: nn.Module, class_names: list[str], key: str = "blocks") -> list[nn.Module]:
-    """The blocks: the modules of the classes that `key` names (`class_names`), else the model's repeated
-    units (the items of its ModuleLists, a torchvision ResNet's layer1..layer4)."""
+    """The modules of the classes `key` names, else the model's repeated units (ModuleLists' items, layer1..4)."""
     if class_names:
         present = {type(module).__name__ for module in model.modules()}
         if not present & set(class_names):  # a typo would gather the whole model at once, said only in passing

@@ -1,18 +1,6 @@
-"""Callbacks: the config's `callbacks` (name -> node with `_target_`), built once, called at five events.
-
-A callback is any object; it defines the events it wants, each called with `run` (a Run: the live
-step, epoch, model, optimizer, rank, world size, run dir, and `log`):
-- on_train_start(run): after the resume, before the first step (also when nothing is left to train);
-- on_step_start(run): before an optimizer step's first forward (its learning rate already set);
-- on_step_end(run): after the optimizer step (run.step counts it), before its log line, validation
-  and checkpoint;
-- on_validation_end(run, metrics): after a validation is logged, before the monitor and its checkpoint;
-- on_train_end(run): after the last checkpoint, when training ends normally.
-`state_dict()` / `load_state_dict(state)` (a dict of tensors and plain values) go into every checkpoint,
-every rank's (a rank's state may differ from another's), so a resume at the same world size is
-bit-exact. A callback is named by its key in the config: its state, and its figures where another
-callback logs a figure by the same name (two of one class). A callback that raises, or whose state is
-not a checkpoint's, stops the run with one line naming it. docs/callbacks.md has examples.
+"""Callbacks: the config's `callbacks` (name -> node with `_target_`), built once, called at five events with
+`run` (a Run); every rank's state in every checkpoint. docs/callbacks.md says when each event runs and what
+it may do.
 """
 
 from __future__ import annotations
@@ -29,8 +17,7 @@ import torch
 from ..common.errors import ConfigError, JobError, Preempted, first_line
 from ..common.placement import DistEnv
 from ..config.targets import build, describe
-from .data.loader import KeyedDataset, loader_options
-from .data.sampler import eval_shard
+from .data.loader import eval_loader
 from .distributed.process_group import all_gather_bytes
 
 log = logging.getLogger(__name__)
@@ -64,17 +51,13 @@ class Run:
         return self._trainer.state.epoch
 
     def log(self, name: str, value: float | torch.Tensor) -> None:
-        """A figure of this step, to metrics.jsonl, TensorBoard and the trackers (rank 0's value; call it on
-        every rank or on rank 0). `name` is plotted as given when it holds a "/", else as callbacks/<name>.
-        A tensor is read back to the host here: log every K steps, not every step, on GPUs."""
+        """A figure of this step, rank 0's value, to metrics.jsonl and the sinks (docs/callbacks.md)."""
         name = self.figure_name(name if "/" in name else f"callbacks/{name}")
         if self._trainer.metrics.enabled:
-            value = float(value)
-            self._trainer.metrics.write("callback", step=self.step, epoch=self.epoch, **{name: value})
+            self._trainer.metrics.write("callback", step=self.step, epoch=self.epoch, **{name: float(value)})
 
     def figure_name(self, name: str) -> str:
-        """A figure's name as logged: that of two callbacks (two of one class, say) would mix their values
-        in one curve, so the one later in the config logs `<name>/<its key>`."""
+        """A figure's name as logged: of two callbacks logging one name, the later in the config logs `<name>/<key>`."""
         caller = self.caller
         if caller is None:  # not from an event: as given
             return name
@@ -87,12 +70,11 @@ class Run:
         return f"{name}/{caller}"
 
     def evaluate(self, dataset: Any) -> dict[str, float]:
-        """The task's metrics over a map-style data set, exact and the same on every rank (each evaluates
-        its share, as the validation does): a collective, so every rank calls it at the same step."""
+        """The task's metrics over a map-style data set, as the validation evaluates: a collective (every rank)."""
         if id(dataset) not in self._loaders:  # built once (its workers too); the data set kept alive with it
             loader = eval_loader(dataset, self.config.data, self._trainer.env, self.config.seed)
             self._loaders[id(dataset)] = (dataset, loader)
-        return self._trainer.evaluate_on(self._loaders[id(dataset)][1])
+        return self._trainer.validate(self._loaders[id(dataset)][1]).metrics
 
 
 class Callbacks:
@@ -124,24 +106,13 @@ class Callbacks:
         return {name: cb for name, cb in self.named.items() if hasattr(cb, "state_dict")}
 
 
-def eval_loader(dataset: Any, data: Any, env: DistEnv, seed: int) -> torch.utils.data.DataLoader:
-    """This rank's share of a map-style data set, loaded as the validation set is (data/loader.py)."""
-    keyed = KeyedDataset(dataset, seed)
-    shard = torch.utils.data.Subset(keyed, list(eval_shard(len(keyed), env.rank, env.world_size)))
-    return torch.utils.data.DataLoader(shard, shuffle=False, **loader_options(data, env, seed))
-
-
 def build_callbacks(config: Mapping[str, Any]) -> Callbacks:
     """Each `callbacks.<name>` built from its `_target_` (one line naming the key where it fails)."""
-    named = {}
-    for name, node in (config or {}).items():
-        named[name] = build(node, f"callbacks.{name}")
-    return Callbacks(named)
+    return Callbacks({name: build(node, f"callbacks.{name}") for name, node in (config or {}).items()})
 
 
 class CallbackStates:
-    """The checkpoint's `callbacks`: every rank's {name: state_dict()}, gathered in rank order (a rank's
-    state may differ from another's, as its generators do: distributed/generators.py)."""
+    """The checkpoint's `callbacks`: every rank's {name: state_dict()}, gathered in rank order."""
 
     def __init__(self, callbacks: Callbacks, env: DistEnv) -> None:
         self.callbacks, self.env = callbacks, env
@@ -153,8 +124,7 @@ class CallbackStates:
         return {"callbacks": [torch.load(io.BytesIO(data), weights_only=True) for data in gathered]}
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
-        """This rank's saved states; at another world size every rank takes rank 0's. A callback the
-        checkpoint holds no state of (added since) starts afresh."""
+        """This rank's saved states (rank 0's at another world size); a callback without one starts afresh."""
         saved = payload.get("callbacks")
         if not saved:
             return
@@ -180,8 +150,8 @@ PLAIN = "it must return a dict of tensors and plain values (numbers, strings, li
 
 
 def checked_state(name: str, callback: Any) -> dict[str, Any]:
-    """A callback's state_dict(), as a checkpoint loads it (weights_only): else a JobError naming it, exit
-    code 2 (its code is the user's: a restart would only repeat it), not a traceback at every rank's save."""
+    """A callback's state_dict(), as a checkpoint loads it (weights_only); else a JobError naming it, exit code 2
+    (the user's code: a restart would only repeat it)."""
     try:
         state = callback.state_dict()
     except (JobError, ConfigError, Preempted):

@@ -1,10 +1,6 @@
-"""trainer.ema: an exponential moving average of the weights, which validation, eval.py and the export use.
-
-After every optimizer step, average = decay * average + (1 - decay) * weights (until
-`trainer.ema.start_step` the average is the weights themselves). The average has the parameters'
-own layout: whole tensors under ddp, each rank's shards under a sharding strategy (DTensors), so it is
-sharded with the model and checkpointed with it (`ema`, by parameter name; in a folder of shards,
-by DCP). Buffers (BatchNorm statistics) are the model's own: they are not averaged.
+"""trainer.ema: an exponential moving average of the weights, which validation, eval.py and the export use
+(docs/recipe.md). It has the parameters' own layout (a sharding strategy's DTensors too) and is checkpointed as
+`ema`, by parameter name; buffers are not averaged.
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ class EMA:
 
 
 def shard_like(whole: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """A whole tensor (a ddp checkpoint's) laid out as `live` is: sharded as it is where it is a
-    DTensor (every rank holds the whole tensor: no communication), itself otherwise."""
+    """A whole tensor (a ddp checkpoint's) laid out as `live` is (a DTensor: sharded locally, no communication)."""
     mesh = getattr(live, "device_mesh", None)
     if mesh is None or getattr(whole, "device_mesh", None) is not None:
         return whole

@@ -1,15 +1,6 @@
-"""Exact evaluation: every rank scores a disjoint, unpadded share; the sums are all-reduced.
-
-The figures equal a one-process evaluation of the same weights at any world size, also when
-the set size is not divisible by it (DistributedSampler would pad with repeated samples). A figure
-that counted nothing over the whole set (a (total, count) pair's count 0 everywhere: every target
-masked) is NaN, not 0: a 0 would be ranked the best validation of the run.
-
-A task's epoch-level metrics (AUROC, macro-F1, a confusion matrix: docs/tasks.md) come from the whole
-set at once: what its `epoch_outputs` keeps of each sample is gathered from every rank in sample order,
-each sample once, and what its `epoch_sums` counts is summed exactly (int64, float64) across ranks;
-`epoch_metrics` turns both into figures (val_<name>, after the per-sample ones) and tables (a tensor of
-more than one element: the confusion matrix, written beside metrics.jsonl), on every rank alike.
+"""Exact evaluation: every rank scores a disjoint, unpadded share; the sums are all-reduced, so the figures
+equal a one-process evaluation at any world size (docs/pitfalls.md). A task's epoch-level metrics come from
+the whole set at once (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -60,13 +51,9 @@ class EvalResult:
 def evaluate(
     model: nn.Module, loader: DataLoader, task: Task, device: torch.device, lockstep: bool = False
 ) -> EvalResult:
-    """The task's metrics over the whole evaluation set, the same on every rank.
-
-    Pass the unwrapped model: DDP's forward would broadcast buffers and expect every rank
-    to run the same number of forwards, which uneven shards do not. A sharded model
-    gathers its parameters in every forward, so every rank must run as many: `lockstep`
-    pads the shorter shards with forwards of one sample whose figures are dropped.
-    """
+    """The task's metrics over the whole evaluation set, the same on every rank. Pass the unwrapped model: DDP's
+    forward expects as many forwards on every rank, which uneven shards do not run. A sharded model's forward is
+    a collective: `lockstep` pads the shorter shards with forwards of one sample whose figures are dropped."""
     was_training = model.training
     model.eval()
     sums: torch.Tensor | None = None  # per name: the values' (or the totals') sum, then their count
@@ -74,7 +61,6 @@ def evaluate(
     forwards = max(all_gather_int(len(loader), device)) if lockstep else len(loader)
     batches, epoch = iter(loader), EpochState.of(task)
     filler: Any = None  # a batch of the set's first sample, once this rank's shard has run out
-
     for _ in range(max(forwards, 1)):  # one forward at least: an empty shard learns the metric names
         batch = next(batches, None)
         if batch is None:  # this rank's shard is shorter (or empty): a filler forward, figures dropped
@@ -103,12 +89,13 @@ def evaluate(
     if epoch is None:
         return EvalResult(figures, int(samples.item()), empty)
     more, tables = epoch.results(device)
-    return EvalResult({**figures, **distinct(more, figures)}, int(samples.item()), empty, tables)
+    if clash := sorted(set(more) & set(figures)):
+        raise ValueError(f"epoch_metrics and metrics both give {', '.join(clash)}: give them distinct names")
+    return EvalResult({**figures, **more}, int(samples.item()), empty, tables)
 
 
 def summed(value: Any, samples: int) -> torch.Tensor:
-    """A metric's (sum, count) in float64: a (total, count) pair as it is, per-sample values summed over
-    their `samples`."""
+    """A metric's (sum, count) in float64: a (total, count) pair as it is, per-sample values over `samples`."""
     if isinstance(value, tuple):
         total, count = value
         return torch.stack([total.double(), torch.as_tensor(count, dtype=torch.float64, device=total.device)])
@@ -116,15 +103,14 @@ def summed(value: Any, samples: int) -> torch.Tensor:
 
 
 def summarised(task: Task, means: dict[str, float]) -> dict[str, float]:
-    """The figures: the task's `summarise(means)` where it has one (a ratio of two sums over the whole set,
-    as bits per byte are, from the loss and the bytes per token), else the means of its per-sample values."""
+    """The figures: the task's `summarise(means)` where it has one (bits per byte from the loss and the bytes per
+    token), else the means."""
     summarise = getattr(task, "summarise", None)
     return summarise(means) if callable(summarise) else means
 
 
 def one_sample(loader: DataLoader) -> Any:
-    """The set's first sample as a batch of one, batched as the loader batches (data.collate): for
-    ranks whose own shard is shorter or empty."""
+    """The set's first sample as a batch of one, as the loader batches: for ranks whose shard is shorter or empty."""
     whole = loader.dataset.dataset  # type: ignore[attr-defined]
     return next(iter(DataLoader(whole, batch_size=1, collate_fn=loader.collate_fn)))
 
@@ -134,9 +120,7 @@ def metric_names(
     model: nn.Module, loader: DataLoader, task: Task, device: torch.device, sets: Iterable[str] = ()
 ) -> list[str]:
     """The figures a validation gives (val_<metric>, and val_<name>_<metric> of each of data.val_sets' `sets`),
-    from one forward of one sample (on every rank: a sharded model's forward is a collective); epoch_metrics'
-    over that sample alone, so it must give the same names over any set (NaN where a figure is undefined: an
-    AUROC with one class present)."""
+    from one forward of one sample on every rank (a sharded model's forward is a collective)."""
     was_training = model.training
     model.eval()
     inputs, targets, _, indices = one_sample(loader)
@@ -150,9 +134,8 @@ def metric_names(
 
 
 class EpochState:
-    """What a task's `epoch_metrics` sees of the whole set: its `epoch_outputs` of every sample, gathered in
-    sample order, each once (the ranks' shards are disjoint and unpadded), and its `epoch_sums` summed over
-    every batch of every rank. Filler forwards (lockstep, empty shards) only learn the names and shapes."""
+    """What a task's `epoch_metrics` sees of the whole set: its `epoch_outputs` of every sample in sample order,
+    its `epoch_sums` summed over every batch of every rank. Filler forwards only learn the names and shapes."""
 
     def __init__(self, task: Any) -> None:
         self.task = task
@@ -214,12 +197,5 @@ class EpochState:
 
 
 def exact(value: torch.Tensor) -> torch.Tensor:
-    """A count as it sums exactly across batches and ranks: integers (and booleans) in int64, floats in float64."""
+    """A count as it sums exactly: integers (and booleans) in int64, floats in float64."""
     return value.detach().double() if value.is_floating_point() else value.detach().long()
-
-
-def distinct(more: dict[str, float], figures: dict[str, float]) -> dict[str, float]:
-    """The epoch figures, refused where one would replace a per-sample figure of the same name."""
-    if clash := sorted(set(more) & set(figures)):
-        raise ValueError(f"epoch_metrics and metrics both give {', '.join(clash)}: give them distinct names")
-    return more

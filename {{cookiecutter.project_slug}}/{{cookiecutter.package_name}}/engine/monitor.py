@@ -1,12 +1,6 @@
-"""The monitored validation figure, `checkpoint.monitor`: which checkpoints are the best
-(`checkpoint.keep_best`) and when a run has stopped improving (`trainer.early_stop_patience`).
-
-Every rank observes the same exact figures (evaluate.py all-reduces them in float64), so every rank
-takes the same decision at the same step: an early stop needs no collective of its own, and no rank
-is left waiting in one. What the monitor knows is in the checkpoint (`monitor`), so a resumed run
-ranks and counts as the uninterrupted one does; a resume that changes checkpoint.monitor or mode starts
-the ranking and the count afresh (the old figures are not comparable), and one that switches keep_best
-on starts the ranking afresh (the steps ranked before have no checkpoint kept for them).
+"""The monitored validation figure, `checkpoint.monitor`: which checkpoints are the best (`checkpoint.keep_best`)
+and when a run has stopped improving (`trainer.early_stop_patience`); docs/recipe.md. Every rank observes the
+same exact figures, so every rank decides alike at the same step: an early stop needs no collective.
 """
 
 from __future__ import annotations
@@ -45,8 +39,7 @@ class Monitor:
         return self.keep_best > 0 or self.patience > 0
 
     def check_names(self, names: list[str]) -> None:
-        """Refuse a monitor the task's validation does not give (`names`: val_<metric> of one forward);
-        checked where the figure is read (the monitor enabled, or a scheduler stepped with it)."""
+        """Refuse a monitor the task's validation does not give (`names`: val_<metric> of one forward)."""
         if self.key not in names:
             raise ConfigError(
                 f"checkpoint.monitor={self.key} is not a figure of this task's validation, which gives "
@@ -57,8 +50,7 @@ class Monitor:
         return value < than - margin if self.mode == "min" else value > than + margin
 
     def observe(self, step: int, record: dict[str, Any]) -> bool:
-        """Take a validation's figures (at optimizer step `step`); whether that step's checkpoint is
-        now one of the `keep_best` best."""
+        """Take a validation's figures at step `step`; whether that step's checkpoint is now one of the best."""
         if not self.enabled:
             return False
         value = float(record[self.key])
@@ -96,8 +88,8 @@ class Monitor:
             self.start_afresh_where_changed((payload.get("config") or {}).get("checkpoint") or {}, payload.get("step"))
 
     def start_afresh_where_changed(self, saved: dict[str, Any], step: int | None) -> None:
-        """Against the checkpoint's `checkpoint` settings (`saved`; none known: none changed): a changed
-        monitor or mode ranks and counts afresh; keep_best switched on ranks afresh."""
+        """Against the checkpoint's `checkpoint` settings: a changed monitor or mode (whose old figures are not
+        comparable) ranks and counts afresh; keep_best switched on ranks afresh."""
         key, mode = saved.get("monitor", self.key), saved.get("mode", self.mode)
         if (key, mode) != (self.key, self.mode) and self.enabled:
             self.best, self.reference, self.bad, self.not_finite = [], None, 0, 0

@@ -1,12 +1,7 @@
-"""The samples behind a NaN: which step's loss or gradient went non-finite first, on which ranks, for
-which samples and in which parameter; and trainer.skip_samples, which leaves such samples out.
-
-Nothing here reads a value back to the host per step. Each step adds, on the device, whether the
-interval's loss and gradient norm are still finite (sums that stay non-finite once a step made them
-so): the count of steps before the first bad one. The step's sample indices are on the host already
-(Batch.indices): the last log interval's are kept. The log line's read-back says whether the run
-diverged; only then are the ranks' findings gathered, written to <run dir>/nonfinite.jsonl by rank 0,
-and said in one line, on every rank at the same step.
+"""The samples behind a NaN: which step's loss or gradient went non-finite first, on which ranks, for which
+samples and in which parameter; and trainer.skip_samples, which leaves such samples out (docs/troubleshooting.md).
+Nothing is read back per step: the log line's read-back says whether the run diverged, and only then are the
+ranks' findings gathered.
 """
 
 from __future__ import annotations
@@ -32,22 +27,20 @@ SHOWN = 16  # sample indices named in the error line (the file holds all)
 
 
 def first_nonfinite(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The position in `grads` of the first gradient whose norm is not finite (a NaN or an inf in it, or
-    an overflow, as in the global norm), -1 where none; on the device, no read-back: one foreach call.
-    The 2-norm: the max-norm takes a slow path on the CPU (7 ms a step for small_cnn's gradients)."""
+    """The position in `grads` of the first gradient whose norm is not finite, -1 where none; on the device, one
+    foreach call. The 2-norm: the max-norm takes a slow path on the CPU (7 ms a step for small_cnn's)."""
     norms = [norm.to(device, non_blocking=True) for norm in torch._foreach_norm(list(grads))]
     finite = torch.stack(norms).isfinite()
     return torch.where(finite.all(), -1, (~finite).to(torch.int32).argmax()).to(torch.int64)
 
 
 class NonFiniteWatch:
-    """This rank's record of the steps since the last log line: on the device, how many of them went by
-    before the loss (this rank's) and the gradient (global) turned non-finite; on the host, their
-    samples and which parameters had gradients. `grads_watched` is off under fp16, whose GradScaler
-    skips a step with non-finite gradients as a matter of course; `enabled` off keeps none of this."""
+    """This rank's record of the steps since the last log line: on the device, how many went by before the loss
+    (this rank's) and the gradient (global) turned non-finite; on the host, their samples and which parameters
+    had gradients. `grads_watched`: off under fp16, whose GradScaler skips such steps as a matter of course."""
 
-    def __init__(self, device: torch.device, steps_kept: int, grads_watched: bool, enabled: bool = True) -> None:
-        self.enabled, self.grads_watched = enabled, grads_watched
+    def __init__(self, device: torch.device, steps_kept: int, grads_watched: bool) -> None:
+        self.enabled, self.grads_watched = True, grads_watched  # enabled: off keeps none of this (the benchmark)
         self.finite_steps = torch.zeros(2, dtype=torch.int64, device=device)  # before the loss's, the gradient's
         self.steps: deque[tuple[int, list[tuple[torch.Tensor, torch.Tensor]], list[int] | None]] = deque(
             maxlen=steps_kept
@@ -78,10 +71,8 @@ class NonFiniteWatch:
     def stop(
         self, env: DistEnv, run_dir: Path, first_step: int, epoch: int, parameter: int, names: list[str]
     ) -> JobError:
-        """Every rank's findings gathered (a collective: every rank calls it at the same step); rank 0
-        writes their record; the error each rank raises. `first_step`: the interval's first step;
-        `parameter`: this rank's first gradient that was not finite at its first such step
-        (runner.bad_parameter), -1 for none; `names` the parameters' names in the runner's order."""
+        """Every rank's findings gathered (a collective), their record written by rank 0; the error each rank
+        raises. `parameter`: runner.bad_parameter (-1: none); `names`: the parameters' in the runner's order."""
         loss_steps, grad_steps = self.finite_steps.tolist()
         kept = {step: (batches, positions) for step, batches, positions in self.steps}
         batches, positions = kept.get(first_step + grad_steps, ([], None))
@@ -135,8 +126,7 @@ def error_line(record: dict[str, Any], path: Path) -> str:
 
 
 def skip_list(value: Any) -> list[int]:
-    """trainer.skip_samples as indices: a list of them, or the path of a file of records with `indices`
-    (nonfinite.jsonl: every record's); a mistake is one line (ConfigError), before any work."""
+    """trainer.skip_samples as indices: a list of them, or a file of records with `indices` (nonfinite.jsonl)."""
     if value is None or value == "":
         return []
     if isinstance(value, str):

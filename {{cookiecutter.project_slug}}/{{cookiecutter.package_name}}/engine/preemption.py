@@ -1,16 +1,10 @@
-"""SIGTERM (what Slurm and Kubernetes send before a kill), SIGINT (Ctrl-C) and SIGHUP (a closed
-terminal) become a checkpoint and a clean exit: code 143 after SIGTERM (so Slurm requeues), 130
-after SIGINT, 129 after SIGHUP.
-
-The ranks must stop after the same step, or the ones that go on would wait forever for the
-ones that left. So each rank's flag is max-reduced over a side gloo group, asynchronously:
-the reduce started after step k is read after step k+1. No rank ever waits on it, and every
-rank sees the same answer at the same step.
+"""SIGTERM, SIGINT and SIGHUP become a checkpoint and a clean exit (docs/launching.md). The ranks must stop
+after the same step, or the ones that go on would wait forever: each rank's flag is max-reduced over a side
+gloo group, asynchronously (the reduce started after step k is read after step k+1), so no rank waits on it.
 """
 
 from __future__ import annotations
 
-import logging
 import signal
 from types import FrameType
 from typing import cast
@@ -20,15 +14,11 @@ import torch.distributed as dist
 
 from .distributed.process_group import is_distributed
 
-log = logging.getLogger(__name__)
-
-
-# SIGHUP: a closed terminal or a dropped ssh connection, which would otherwise kill the job mid-step.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class StopOnSigterm:
-    """Records SIGTERM, SIGINT or SIGHUP and tells all ranks, in agreement, when to stop (and which)."""
+    """Records a stop signal and tells all ranks, in agreement, when to stop (and which)."""
 
     def __init__(self) -> None:
         # The first signal is the one that says why: after Ctrl-C, torchrun's own shutdown may send

@@ -1,21 +1,6 @@
-"""The learning rate through the run: a linear warm-up to optim.lr, then the `scheduler` group's `_target_`.
-
-Two kinds of scheduler, told apart by what they offer:
-- the project's (Cosine, Constant) have `factor(fraction)`: the learning rate is optim.lr times the
-  factor of the run's progress after the warm-up. Progress counts samples, in epochs, so the curve is
-  the same at any world size, also after a resume on another; with trainer.max_steps it counts steps.
-- any other (torch.optim.lr_scheduler.*, or the user's own: a callable taking the optimizer first, with
-  step(), state_dict() and load_state_dict()) is stepped once per optimizer step after the warm-up,
-  from optim.lr; its state is in the checkpoint (`scheduler`), so a resume continues it exactly.
-  One whose step() needs a figure (ReduceLROnPlateau: step(metrics)) is stepped once per validation
-  after the warm-up, with checkpoint.monitor's figure, instead.
-
-A stepped scheduler's saved state holds the settings it was built with (base rates, step_size, ...):
-loaded, they would override changed ones. So a resume that changes optim.lr or a `scheduler` key
-after the warm-up has handed over to it is refused, unless checkpoint.allow_changes accepts them;
-then the scheduler starts afresh from the new settings at that step (its saved state is not loaded).
-The optimizer's own settings (weight_decay, momentum, betas, ...) are the config's after a resume
-too: a checkpoint's optimizer state brings back its own, which would silently win.
+"""The learning rate through the run: a linear warm-up to optim.lr, then the `scheduler` group's `_target_`:
+the project's (a `factor(fraction)` of the run's progress) or a stepped one (torch.optim.lr_scheduler's), and
+what a resume that changes them does (docs/recipe.md).
 """
 
 from __future__ import annotations
@@ -62,8 +47,7 @@ class Constant:
 
 @dataclass(frozen=True)
 class RunLength:
-    """How a run counts its progress: `total` units (epochs, or steps with trainer.max_steps), the
-    first `warmup` of them a linear warm-up."""
+    """A run's progress: `total` units (epochs, or steps with trainer.max_steps), the first `warmup` a warm-up."""
 
     total: float
     warmup: float
@@ -71,7 +55,6 @@ class RunLength:
 
     @classmethod
     def of(cls, node: dict[str, Any], epochs: int, max_steps: int, steps_per_epoch: int) -> RunLength:
-        """From the scheduler node and the trainer's counts; `steps_per_epoch` converts between them."""
         warmup_steps, warmup_epochs = node.get("warmup_steps", 0), node.get("warmup_epochs", 0.0)
         if max_steps:
             return cls(max_steps, warmup_steps or warmup_epochs * steps_per_epoch, by_steps=True)
@@ -79,8 +62,7 @@ class RunLength:
 
 
 class Schedule:
-    """Sets each optimizer step's learning rate (before it) and steps the scheduler (after it, or after
-    a validation where it needs a figure). `accepted`: checkpoint.allow_changes."""
+    """Sets each step's learning rate and steps the scheduler. `accepted`: checkpoint.allow_changes."""
 
     def __init__(self, node: dict[str, Any], optimizer: torch.optim.Optimizer, length: RunLength,
                  accepted: Sequence[str] = ()) -> None:  # fmt: skip
@@ -141,8 +123,7 @@ class Schedule:
             self.scheduler.step()
 
     def after_validation(self, figure: float) -> None:
-        """A scheduler that needs a figure (ReduceLROnPlateau) takes checkpoint.monitor's, once the
-        warm-up has handed over to it (the warm-up sets every step's rate until then)."""
+        """A scheduler that needs a figure (ReduceLROnPlateau) takes checkpoint.monitor's, after the warm-up."""
         if self.started and self.needs_metric:
             self.scheduler.step(figure)
 
@@ -180,8 +161,7 @@ class Schedule:
             self.scheduler.load_state_dict(saved["state"])
 
     def changed_settings(self, saved_config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-        """{key: (checkpoint's, config's)} of optim.lr and the scheduler group, against the checkpoint's
-        config (none known: none changed)."""
+        """{key: (checkpoint's, config's)} of optim.lr and the scheduler group (no config saved: none changed)."""
         if "scheduler" not in saved_config:
             return {}
         old, new = {"scheduler": saved_config["scheduler"]}, {"scheduler": dict(self.node)}

@@ -1,14 +1,9 @@
-"""Where training stands: with the model and the optimizer, what continues a run bit-exactly. Whether a run
-at such a state has trained all it will (the loop asks, and so does a resume's check) is a rule of the
-config layer's (config/compatibility.py's run_finished)."""
+"""Where training stands; whether a run at such a state has finished is config/compatibility.py's run_finished."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
-
-# The trainer's question, a pure rule below the engine; it stays importable from here.
-from ..config.compatibility import run_finished  # noqa: F401
 
 
 @dataclass

@@ -10,15 +10,8 @@
       Trainer.validation        evaluate and record; Trainer.judge: the scheduler and the monitor see it
     Interval, optimizer_steps: the figures since the last log line; the micro-batches grouped into steps
 
-Where training stands (TrainState, what a checkpoint resumes) is in state.py.
-
-A batch is a Batch (datasets/collate.py): inputs, targets, the samples' weights (0 for the sampler's
-padding) and their indices. What the loop uses is built by assembly/build.py: the strategy (strategies/) spreads
-the model over the ranks, the checkpoint manager (checkpoint/manager.py) saves and resumes, the schedule
-(schedule.py) sets the learning rate, the monitor (monitor.py) ranks validations, the EMA (ema.py)
-averages the weights, the callbacks (callbacks.py) run your per-step logic, and the sinks (observe/)
-receive what metrics.jsonl receives. Nothing in a step reads a value back to the host: the loss stays
-on the device until the log line.
+What the loop uses is built by assembly/build.py (docs/layout.md); where training stands is state.py. Nothing
+in a step reads a value back to the host: the loss stays on the device until the log line (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -41,6 +34,7 @@ from ..common.errors import JobError, Preempted
 from ..common.placement import DistEnv
 from ..common.run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
 from ..config import TrainConfig, TrainerConfig
+from ..config.compatibility import run_finished
 from ..datasets.collate import Batch, model_forward, to_device
 from ..observe.figures import Throughput
 from ..observe.logs import MetricsLog, use_progress_bar
@@ -58,7 +52,7 @@ from .monitor import Monitor
 from .nonfinite import NonFiniteWatch, first_nonfinite, parameter_names
 from .preemption import StopOnSigterm
 from .schedule import Schedule
-from .state import TrainState, run_finished
+from .state import TrainState
 from .strategies import Strategy
 
 log = logging.getLogger(__name__)
@@ -67,8 +61,7 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Watch(Protocol):
-    """A diagnostic around the loop: what a module of observe/ with `build_watch(config, run_dir, env)`
-    builds (assembly/build.py finds those the project has). It adds nothing to a checkpoint."""
+    """A diagnostic around the loop, built by an observe/ module's `build_watch(config, run_dir, env)`."""
 
     def around_training(self) -> AbstractContextManager[None]: ...  # the epochs, the last checkpoint, the test
     def begin_step(self, number: int) -> None: ...  # at the start of optimizer step `number` (1: the first)
@@ -173,8 +166,7 @@ class Trainer:
         return result
 
     def train_epoch(self, stop: StopOnSigterm) -> None:
-        """Train the rest of the current epoch (from where a resume left it), or up to trainer.max_steps,
-        validating every trainer.val_every_n_steps; it ends early where the monitor stops the run."""
+        """Train the rest of the current epoch or up to trainer.max_steps, validating every val_every_n_steps."""
         config, state, sampler = self.config, self.state, self.data.sampler
         sampler.set_epoch(state.epoch)  # a new order every epoch: the classic forgotten call
         sampler.set_start(state.samples_in_epoch)  # mid-epoch after a resume
@@ -276,8 +268,7 @@ class Trainer:
         return sums
 
     def raise_if_diverged(self, interval: Interval) -> None:
-        """Between log lines, before a checkpoint or a validation (which would meet non-finite weights):
-        the log line's check of the steps so far, one all-reduce."""
+        """The log line's check of the steps so far, before a checkpoint or a validation meets non-finite weights."""
         if interval.steps:
             self.interval_sums(interval)
 
@@ -286,12 +277,11 @@ class Trainer:
         elapsed = time.perf_counter() - interval.started
         # Per sample: the mean of the steps' losses; pairs: all the interval's totals over all its items
         # (none counted: no loss to say, NaN, and not a divergence: the weights took no gradient).
-        uncounted = interval.pairs and not sums[2]
         if interval.pairs:
             train_loss = sums[0] / sums[2] if sums[2] else math.nan
         else:
             train_loss = sums[0] / (self.env.world_size * interval.steps)
-        if uncounted and self.env.is_main:
+        if interval.pairs and not sums[2] and self.env.is_main:
             log.warning("step %d: train_loss is NaN: the %d step%s since the last log line counted no items (every "
                         "target masked?) and took no gradient", self.state.step, interval.steps,
                         "s" * (interval.steps > 1))  # fmt: skip
@@ -332,8 +322,7 @@ class Trainer:
         return result
 
     def judge(self, result: EvalResult) -> EvalResult:
-        """The scheduler and the monitor see a validation: a checkpoint of this step where it is one
-        of the best, and the run's stop where the figure stopped improving."""
+        """The scheduler and the monitor see a validation: a checkpoint where it is one of the best, or a stop."""
         record = result.record()
         if self.schedule.needs_metric:  # ReduceLROnPlateau: before the checkpoints below, which hold its state
             self.schedule.after_validation(float(record[self.monitor.key]))
@@ -354,8 +343,7 @@ class Trainer:
             return evaluate(self.model, loader, self.task, self.env.device, lockstep=lockstep)
 
     def validate_all(self) -> EvalResult:
-        """The validation set's figures, then each of data.val_sets' as <name>_<metric> (val_<name>_<metric> in
-        the record, which checkpoint.monitor may name), each set evaluated exactly as the validation set is."""
+        """The validation set's figures, then each of data.val_sets' as <name>_<metric>, each evaluated alike."""
         result = self.validate()
         for name, loader in self.data.val_sets.items():
             named = self.validate(loader)
@@ -368,9 +356,8 @@ class Trainer:
         return result
 
     def test(self) -> int:
-        """data.test_set, evaluated once at the end of training, exactly (as the validation set is), with the
-        best checkpoint's weights (the last weights where checkpoint.keep_best is off): a "test" record in
-        metrics.jsonl and a log line. The step whose weights the model holds after it."""
+        """data.test_set, evaluated exactly with the best checkpoint's weights (the last where keep_best is off): a
+        "test" record and a log line. The step whose weights the model holds after it."""
         step = self.load_best()
         result = self.validate(self.data.test_loader)
         figures = {f"test_{name}": value for name, value in result.metrics.items()}
@@ -381,9 +368,8 @@ class Trainer:
         return step
 
     def load_best(self) -> int:
-        """Load the weights (and the EMA) of checkpoint.keep_best's best checkpoint, where that is not the
-        current step's; the step whose weights the model holds. Every rank loads the same one: where a node
-        lacks the file, it is sent (agree_on_checkpoint); where none holds it, the last weights stay."""
+        """Load the weights and EMA of keep_best's best checkpoint (every rank the same one: agree_on_checkpoint;
+        none holds it: the last weights stay); the step whose weights the model holds."""
         best = self.monitor.kept_steps()
         if not best or best[0] == self.state.step:
             return self.state.step
@@ -397,10 +383,6 @@ class Trainer:
         self.strategy.load_state_dict(payload, path)
         self.ema.load_state_dict(with_owner_tensors(payload, path, [self.ema]))
         return best[0]
-
-    def evaluate_on(self, loader: Any) -> dict[str, float]:
-        """The task's metrics over another data set's loader, as the validation evaluates (run.evaluate)."""
-        return self.validate(loader).metrics
 
     def save(self) -> float | None:
         """Checkpoint the current step; how long training was held (ms), None where nothing was written."""
@@ -422,14 +404,8 @@ class Trainer:
 
 
 class StepRunner:
-    """Forward and backward of micro-batches, then the optimizer step, as the trainer config says (mixed
-    precision, channels_last, clipping); the strategy says how gradients are reduced, whether autocast
-    casts, and what follows each step.
-
-    A step runs `grad_accum_steps` micro-batches. Every backward but the last runs with the strategy's
-    gradient reduction off (DDP's `no_sync()`, a sharding strategy's gradient sync), so gradients are reduced once per
-    optimizer step, over the sum of all the micro-batches' gradients: the gradient of one big batch, at
-    the memory cost of a small one."""
+    """Forward and backward of micro-batches, then the optimizer step, as the trainer config and the strategy say.
+    Gradients are reduced with a step's last micro-batch only (docs/speed.md's grad_accum_steps)."""
 
     def __init__(
         self,
@@ -459,14 +435,13 @@ class StepRunner:
     def micro_step(
         self, inputs: Any, targets: Any, weights: torch.Tensor, real_samples: int, sync: bool
     ) -> torch.Tensor:
-        """Forward and backward of one micro-batch (`sync` on the last one of the step only). What the
-        log line sums of it, on the device: a per-sample loss's share of the step's loss (the step's
-        loss is the sum of its micro-batches'); a pair's total (its count is added to `self.items`)."""
+        """Forward and backward of one micro-batch (`sync`: the step's last); what the log line sums of it: a
+        per-sample loss's share of the step's loss, or a pair's total (its count added to `self.items`)."""
         inputs = to_device(inputs, self.device, self.memory_format)
         targets = to_device(targets, self.device)
         weights = weights.to(self.device, non_blocking=True)
         with self.strategy.gradient_sync(self.trained, sync):
-            with self.autocast():
+            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
                 outputs = model_forward(self.trained, inputs)
             with sample_weights(weights):  # what gather_with_grad marks as padding
                 loss = self.task.loss(outputs, targets)
@@ -480,10 +455,8 @@ class StepRunner:
         return loss.detach()
 
     def pair_backward(self, total: torch.Tensor, count: Any, real: torch.Tensor) -> torch.Tensor:
-        """Backward of a (total, count) loss as it is: the step's gradients are the sums of the totals'
-        (every strategy averages them over the ranks), scaled once the step's global count is known
-        (`rescale`, before clipping and the optimizer step). The sampler's padding (a micro-batch of
-        one sample of weight 0) counts nothing and adds nothing, but runs its backward as every rank must."""
+        """Backward of a (total, count) loss's total, rescaled once the step's global count is known (rescale).
+        The sampler's padding counts and adds nothing, but runs its backward as every rank must."""
         total = total * real  # 0 for padding: its gradient is zero, its graph still reaches every parameter
         count = torch.as_tensor(count, dtype=torch.float64, device=self.device) * real
         self.items = count if self.items is None else self.items + count
@@ -491,10 +464,8 @@ class StepRunner:
         return total.detach()
 
     def rescale(self) -> None:
-        """Turn the summed totals' gradients into the gradient of the step's sum of totals over its sum of
-        counts: one all-reduce of the count (one number) per optimizer step, then every gradient (the
-        local shard of a sharded one) times world_size / global count, where each strategy has averaged
-        the gradients over the ranks."""
+        """The totals' gradients (averaged over the ranks) times world_size / the step's global count: the
+        gradient of the sum of totals over the sum of counts; one all-reduce of one number a step."""
         items, self.items = all_reduce_sum(self.items), None  # type: ignore[arg-type]
         self.step_count = items
         # No items (every target masked): the totals' gradients are 0, and times a finite factor stay 0. The
@@ -510,8 +481,7 @@ class StepRunner:
             torch._foreach_mul_(tensors, factor.to(device))
 
     def optimizer_step(self) -> torch.Tensor:
-        """Clip, step, clear the gradients; then what the strategy does after a step. The gradients'
-        global norm before clipping, on the device (read back with the interval's log line only)."""
+        """Clip, step, clear the gradients, then the strategy's after_step; the norm before clipping, on the device."""
         if self.scaler.is_enabled():  # fp16: the norm of the true gradients (step() knows they are unscaled)
             self.scaler.unscale_(self.optimizer)
         if self.items is not None:  # a (total, count) loss: the global count is known now
@@ -531,19 +501,13 @@ class StepRunner:
         return norm.detach()
 
     def note_gradients(self) -> None:
-        """Keep, on the device, which gradient first held a NaN or an inf (bad_parameter): the max-norm of
-        each, one foreach call a step (the measured cost: docs/troubleshooting.md)."""
+        """Keep, on the device, which gradient first held a NaN or an inf (bad_parameter): one foreach call a step."""
         positions = [i for i, param in enumerate(self.params) if param.grad is not None]
         self.grad_positions = None if len(positions) == len(self.params) else positions
         grads = [self.params[i].grad for i in positions]
         if grads:
             found = first_nonfinite([g.to_local() if is_sharded(g) else g for g in grads], self.device)
             self.bad_parameter = torch.where(self.bad_parameter < 0, found, self.bad_parameter)
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's `grad_scaler`: fp16's loss scale; empty otherwise."""

@@ -1,12 +1,5 @@
-"""The log line's figures beyond loss and learning rate: tokens/s, peak memory and, on GPUs, MFU.
-
-- tokens_per_s: where the task says how many tokens a sample holds (`tokens_per_sample(targets)`:
-  a sequence's length), the samples/s times that, over all ranks;
-- peak_memory_mb: this rank's (rank 0's in metrics.jsonl) peak: the device memory torch allocated
-  on GPUs (torch.cuda.max_memory_allocated), the process's resident memory on CPUs (ru_maxrss);
-- mfu: on GPUs, where the model says its FLOPs per token (`flops_per_token(seq_len)`), the
-  model FLOPs achieved per GPU over the GPU's peak dense bf16 FLOPs (PEAK_BF16_FLOPS; an unknown GPU
-  gives none). Figures are read on the host once per log line: nothing is added to a step.
+"""The log line's figures beyond loss and learning rate: tokens/s, peak memory and, on GPUs, MFU
+(docs/callbacks.md). They are read on the host once per log line: nothing is added to a step.
 """
 
 from __future__ import annotations

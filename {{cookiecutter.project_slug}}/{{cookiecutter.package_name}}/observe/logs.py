@@ -1,14 +1,6 @@
-"""Rank-aware logging, set up once per process, and the run's metrics.jsonl.
-
-- every global rank writes everything to `<run dir>/logs/rank_<R>.log`;
-- the console shows rank 0's INFO and every rank's WARNING and above, each line prefixed
-  with the rank so a warning from rank 5 says where it came from;
-- `log.all_ranks_console=true` prints every rank's INFO lines too;
-- rank 0 appends one JSON object per log interval and per evaluation to metrics.jsonl, strict JSON:
-  a figure that is not finite is written as the string "NaN", "Infinity" or "-Infinity" (Python's
-  float() reads them back), never as the bare NaN that strict JSON readers reject;
-- a validation's tables (a task's epoch_metrics that are not one number: a confusion matrix) go beside it,
-  one file per table, `<run dir>/val_<name>.jsonl`, one record per validation: {"step", "epoch", "val_<name>"}.
+"""Rank-aware logging, set up once per process: every rank's records to `<run dir>/logs/rank_<R>.log`; on the
+console rank 0's INFO (every rank's with log.all_ranks_console) and every rank's WARNING, prefixed with the rank.
+And the run's metrics.jsonl, strict JSON (docs/recipe.md), with its tables beside it (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -46,16 +38,14 @@ class _RankFilter(logging.Filter):
 
 
 class RedactingFormatter(logging.Formatter):
-    """Formats as logging does, then hides any password in a URI (tracebacks included): never on the
-    console, never in a rank's log file."""
+    """Formats as logging does, then hides any password in a URI (tracebacks included)."""
 
     def format(self, record: logging.LogRecord) -> str:
         return redact_text(super().format(record))
 
 
 class RankLogFile(logging.FileHandler):
-    """A rank's log file. One that cannot be written (a full disk) is said once, on the console, and
-    then left alone: not a "--- Logging error ---" block for every record."""
+    """A rank's log file; one that cannot be written is said once, not a "--- Logging error ---" per record."""
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
         logging.getLogger().removeHandler(self)
@@ -64,8 +54,7 @@ class RankLogFile(logging.FileHandler):
 
 
 class RedactingStream:
-    """stdout or stderr with any password in a URI hidden, for what libraries print themselves (a
-    tracker's client prints its run's URL, say); everything else as the stream it wraps."""
+    """stdout or stderr with any password in a URI hidden, for what libraries print themselves."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -87,13 +76,11 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
         root.removeHandler(handler)
         handler.close()
     root.setLevel(logging.INFO)
-
     console = logging.StreamHandler(sys.stderr)
     console_level = logging.INFO if env.is_main or all_ranks_console else logging.WARNING
     console.addFilter(_RankFilter(env.rank, env.local_rank, console_level, console=True))
     console.setFormatter(RedactingFormatter(CONSOLE_FORMAT))
     root.addHandler(console)
-
     if run_dir is not None:
         log_dir = run_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -104,24 +91,15 @@ def setup_logging(run_dir: Path | None, env: DistEnv, all_ranks_console: bool) -
     logging.captureWarnings(True)
 
 
-# metrics.jsonl field -> the name TensorBoard and the trackers plot it under; every val_<metric>
-# of the task becomes val/<metric> (val_samples is a count, not plotted); a callback's figure
-# (run.log, engine/callbacks.py) is named with a "/" and plotted under that name.
-METRIC_NAMES = {
-    "train_loss": "train/loss",
-    "lr": "train/lr",
-    "samples_per_s": "train/samples_per_s",
-    "grad_norm": "train/grad_norm",
-    "tokens_per_s": "train/tokens_per_s",
-    "peak_memory_mb": "train/peak_memory_mb",
-    "mfu": "train/mfu",
-}
+# The train record's figures, plotted as train/<name> (train_loss as train/loss).
+TRAIN_FIGURES = ("train_loss", "lr", "samples_per_s", "grad_norm", "tokens_per_s", "peak_memory_mb", "mfu")
 
 
 def metric_name(key: str) -> str | None:
-    """The plotted name of a metrics.jsonl field; None for the fields that are not scalars to plot."""
-    if key in METRIC_NAMES:
-        return METRIC_NAMES[key]
+    """The name TensorBoard and the trackers plot a metrics.jsonl field under: val_<metric> as val/<metric>, a
+    callback's figure (holding a "/") as given; None for the fields that are not scalars to plot (val_samples)."""
+    if key in TRAIN_FIGURES:
+        return "train/loss" if key == "train_loss" else f"train/{key}"
     if "/" in key:
         return key
     return f"val/{key[4:]}" if key.startswith("val_") and key != "val_samples" else None
@@ -135,10 +113,7 @@ def strict(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Appends one JSON object per line to `<run dir>/metrics.jsonl`; a no-op off rank 0.
-
-    `sinks` receive the same records (objects with `write(kind, values)` and `close()`).
-    """
+    """Appends one JSON object per line to `<run dir>/metrics.jsonl` (a no-op off rank 0); `sinks` get them too."""
 
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
@@ -171,31 +146,23 @@ class MetricsLog:
             sink.close()
 
     def drop_after(self, step: int) -> None:
-        """Forget records past `step`: a resumed run redoes those steps and logs them again.
-
-        A line that does not parse (half a line, left by a kill or a full disk) is dropped with a
-        warning: it must never stop a resume.
-        """
+        """Forget records past `step` (a resume redoes those steps); a line that does not parse (half a line, left
+        by a kill) is dropped with a warning: it must never stop a resume."""
         if not self.enabled or not self.path.exists():
             return
         for path in [self.path, *self.path.parent.glob("val_*.jsonl")]:  # and write_tables' files beside it
-            drop_records_after(path, step)
-
-
-def drop_records_after(path: Path, step: int) -> None:
-    """Keep the records of a jsonl file up to `step` (MetricsLog.drop_after)."""
-    kept = []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        try:
-            record = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            record = None
-            log.warning("dropping line %d of %s: not a whole JSON record (%.60s)", number, path, line)
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
-            kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+            kept = []
+            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                try:
+                    record = json.loads(line) if line.strip() else None
+                except json.JSONDecodeError:
+                    record = None
+                    log.warning("dropping line %d of %s: not a whole JSON record (%.60s)", number, path, line)
+                if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                    kept.append(line)
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
 
 
 def use_progress_bar(env: DistEnv) -> bool:

@@ -1,17 +1,10 @@
 """The data path: keyed samples and the loaders, for training (DataLoader or on the device) and evaluation.
-
-Every sample is built from its key (seed, epoch, index): the sampler (sampler.py) says which keys
-a rank gets, the training transform (`data.augment`: augment.py's) and a data set's own random
-transforms (datasets/randomness.py) draw from the key. So the batches do not depend on the number
-of processes or DataLoader workers.
-
-Items that do not stack (sequences of different lengths) are batched by the user's `data.collate`
-(KeyedCollate); what the project adds to an item (its weight and index) it batches itself.
+Every sample is built from its key (seed, epoch, index), which its random draws come from: the batches do not
+depend on the number of processes or workers. `data.collate`: docs/configuration.md.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,8 +24,6 @@ from ...datasets.images import DeviceBatches, TensorImages
 from ...datasets.randomness import EVAL_EPOCH, building_sample
 from .sampler import ResumableDistributedSampler, TrainKey, eval_shard
 
-log = logging.getLogger(__name__)
-
 
 def describe_item(dataset: Dataset, index: int) -> str:
     """The file behind an item, where the data set says (torchvision's folder sets do)."""
@@ -44,11 +35,8 @@ def describe_item(dataset: Dataset, index: int) -> str:
 
 
 class KeyedDataset(Dataset):
-    """Items (input, target, weight, index); training keys are (index, epoch, weight), evaluation
-    keys indices. While the base set builds a sample, its (seed, epoch, index) is the current
-    sample's key (datasets/randomness.py), which the sample's own random draws come from. `transform`
-    (input, seed, epoch, index) -> input: what training samples go through (augment.py's with
-    data.augment), never evaluation's."""
+    """Items (input, target, weight, index) of training keys (index, epoch, weight) or evaluation keys (indices),
+    each built under its key (datasets/randomness.py). `transform(input, seed, epoch, index)`: training's only."""
 
     def __init__(self, base: Dataset, seed: int, transform: Callable[[Any, int, int, int], Any] | None = None) -> None:
         self.base, self.seed, self.transform = base, seed, transform
@@ -73,10 +61,8 @@ class KeyedDataset(Dataset):
 
 
 class KeyedCollate:
-    """The batches of keyed items with the user's `data.collate`, whose `_target_` is a function
-    called with a list of (input, target) items (the node's other keys as keyword arguments) that
-    returns (inputs, targets) in any structure the model and task take. It sees nothing else: the
-    weights and indices are batched here, as default_collate batches them without a collate."""
+    """The batches of keyed items with the user's `data.collate` (a function of a list of (input, target) items
+    that returns (inputs, targets)); the weights and indices are batched here."""
 
     def __init__(self, node: Mapping[str, Any]) -> None:
         self.target = node["_target_"]
@@ -190,8 +176,8 @@ def build_data(config: DataConfig, env: DistEnv, seed: int) -> Data:
 
 
 def eval_loader(dataset: Dataset, config: DataConfig, env: DistEnv, seed: int) -> DataLoader:
-    """This rank's unpadded share of an evaluation set, loaded as the validation set is. Its own loader
-    options (a generator of its own): the training loader's draws stay those of a run without it."""
+    """This rank's unpadded share of an evaluation set, loaded as the validation set is. A generator of its own:
+    the training loader's draws stay those of a run without it."""
     keyed = KeyedDataset(dataset, seed)
     shard = torch.utils.data.Subset(keyed, list(eval_shard(len(keyed), env.rank, env.world_size)))
     return DataLoader(shard, shuffle=False, **loader_options(config, env, seed))
@@ -212,8 +198,7 @@ def build_eval_sets(config: DataConfig) -> tuple[dict[str, Dataset], Dataset | N
 
 
 def eval_set(node: Any, key: str) -> Dataset:
-    """The map-style data set a node's `_target_` returns; of a (train, val) pair, as the built-in data
-    sets return, its val set."""
+    """The map-style data set a node's `_target_` returns; of a (train, val) pair, its val set."""
     if not (isinstance(node, Mapping) and "_target_" in node):
         raise ConfigError(f"{key} must be a node with a _target_ that returns a map-style data set, not "
                           f"{describe(node)}")  # fmt: skip

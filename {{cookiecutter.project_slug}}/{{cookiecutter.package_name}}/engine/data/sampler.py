@@ -1,8 +1,5 @@
-"""Which rank sees which samples: the resumable training sampler and the exact evaluation split.
-
-Determinism is the contract here: an epoch's sample order is a function of (seed, epoch) alone,
-not of the number of processes or DataLoader workers. That is what lets a run resume bit-exactly,
-also on another world size, and lets evaluation give the same figures at any world size.
+"""Which rank sees which samples: the resumable training sampler and the exact evaluation split. An epoch's
+order is a function of (seed, epoch) alone: a run resumes bit-exactly, also on another world size.
 """
 
 from __future__ import annotations
@@ -25,18 +22,12 @@ TrainKey = tuple[int, int, float]  # (index, epoch, weight)
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """DistributedSampler whose order ignores the world size and that can start mid-epoch.
+    """DistributedSampler whose order ignores the world size and that can start mid-epoch (`set_start`).
 
-    Each epoch's order is a permutation drawn from (seed, epoch) alone. Global batches of
-    world_size * batch_size consecutive samples of that order are split among the ranks; the
-    last, short one is split as evenly as possible, and a rank left with nothing gets one
-    padding key of weight 0. So no sample is dropped or repeated, whatever the world size,
-    and `set_start(n)` resumes after the first n samples of the epoch, also on another world
-    size. Call `set_epoch(epoch)` before every epoch, as with DistributedSampler.
-
-    A set that draws its own order (its `sample_order(generator)`: a set read in shards reads few at a
-    time) gets that order, from the same generator: still one permutation of (seed, epoch) alone, so all
-    of the above holds.
+    Global batches of world_size * batch_size consecutive samples of the epoch's order are split among the
+    ranks; the last, short one as evenly as possible, a rank left with nothing getting one padding key of
+    weight 0: no sample is dropped or repeated. A set with its own `sample_order(generator)` (one read in
+    shards) gets that order, from the same generator.
     """
 
     skipped: tuple[int, ...] = ()  # the samples no epoch holds (skip), in index order
@@ -63,27 +54,23 @@ class ResumableDistributedSampler(DistributedSampler):
 
     @property
     def global_batch_size(self) -> int:
-        """One micro-batch of every rank: an optimizer step takes trainer.grad_accum_steps of them in a row,
-        data.global_batch_size samples where that is set (config/batches.py), at any world size."""
+        """One micro-batch of every rank (an optimizer step takes trainer.grad_accum_steps of them)."""
         return self.num_replicas * self.batch_size
 
     def skip(self, indices: Iterable[int]) -> None:
-        """Leave these samples out of every epoch's order (trainer.skip_samples), before the order is split
-        into global batches: the same global batches, less them, at any world size. From then on
-        `dataset_size` (what set_start, the step counts and an epoch's end go by) is what an epoch trains on."""
+        """Leave these samples (trainer.skip_samples: nonfinite.py checks them) out of every epoch's order, before
+        it is split into global batches; from then on `dataset_size` is what an epoch trains on."""
         whole = self.dataset_size + len(self.skipped)
-        skipped = tuple(sorted(set(indices)))
-        if skipped and not 0 <= skipped[0] <= skipped[-1] < whole:
-            raise ValueError(f"samples to skip must be indices of the training set (0 to {whole - 1}): {skipped}")
-        self.skipped, self.dataset_size = skipped, whole - len(skipped)
+        self.skipped = tuple(sorted(set(indices)))
+        self.dataset_size = whole - len(self.skipped)
 
     def set_start(self, samples_done: int) -> None:
         """Skip the first `samples_done` samples of the epoch's order (those already trained on)."""
         self.start = samples_done
 
     def epoch_order(self) -> torch.Tensor:
-        """This epoch's permutation of the set, drawn from (seed, epoch) well mixed: seed s in epoch
-        e+1 shares no order with seed s+1 in epoch e."""
+        """This epoch's permutation, drawn from (seed, epoch) well mixed: seed s in epoch e+1 shares no order with
+        seed s+1 in epoch e."""
         generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, ORDER_KEY) & (MASK64 >> 1))
         if self.sample_order is not None:
             order = self.sample_order(generator)
@@ -100,8 +87,6 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def rank_slice(self, chunk_size: int) -> tuple[int, int]:
         """(offset, length) of this rank's share of a global batch of chunk_size samples."""
-        if chunk_size == self.global_batch_size:
-            return self.rank * self.batch_size, self.batch_size
         base, extra = divmod(chunk_size, self.num_replicas)
         return self.rank * base + min(self.rank, extra), base + (1 if self.rank < extra else 0)
 

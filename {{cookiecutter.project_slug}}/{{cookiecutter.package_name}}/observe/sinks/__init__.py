@@ -1,6 +1,5 @@
-"""What receives a run's metrics beside metrics.jsonl: every module (or package) in this folder is a
-sink, present where it was chosen when the project was made, and each says from the `log` config
-section whether it is on. Nothing outside names them.
+"""What receives a run's metrics beside metrics.jsonl: every module (or package) in this folder is a sink,
+each on or off by the `log` config section; nothing outside names them.
 
 A sink module has `build(log, run_dir, env)`, which returns the sink or None (switched off), and may
 have `check(log)`, what a launch checks of it before anything starts. A sink has `start(resumed_step,
