@@ -1,7 +1,5 @@
 """From Hydra's composed config to checked dataclasses (to_train_config), and back to plain values
-for a checkpoint (to_plain_dict); an evaluation's config from its checkpoint (compose_for_checkpoint).
-`to_train_config` runs every section's check before any process group exists, identically on every rank.
-"""
+(to_plain_dict); a command's config from its checkpoint's (compose_for_checkpoint)."""
 
 from __future__ import annotations
 
@@ -32,10 +30,7 @@ def register_configs() -> None:
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Turn Hydra's composed config into dataclass objects, running every range check.
-
-    Interpolations are resolved here; a missing value or a failed check becomes a ConfigError.
-    """
+    """Hydra's composed config as checked dataclasses, interpolations resolved; any mistake a ConfigError."""
     try:
         config = cast(TrainConfig, OmegaConf.to_object(cfg))  # the structured schema's dataclass
     except Exception as error:  # OmegaConf's own errors carry the key in their message
@@ -78,9 +73,8 @@ def check_all(section: Any) -> None:
 
 
 def to_plain_dict(config: Any) -> dict[str, Any]:
-    """The config as plain dicts, lists and scalars (what a weights_only checkpoint may hold):
-    the groups as configured, so that the checkpoint's config composes again. What is written of a
-    config (checkpoints, config.yaml, trackers) is this: credentials redacted (common/redaction.py)."""
+    """The config as plain values (what a weights_only checkpoint may hold), the groups as configured so that
+    it composes again; what is written of a config anywhere: credentials redacted (common/redaction.py)."""
     log = dict(config.log) if isinstance(config.log, LogConfig) else config.log
     plain = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(replace(config, log=log)), resolve=True))
     if isinstance(config.data, DataConfig):
@@ -92,13 +86,8 @@ CONFIG_GROUPS = ("model", "data", "optim", "scheduler", "task")
 
 
 def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], config_name: str = "eval") -> DictConfig:
-    """The eval config (or predict's, generate's: `config_name`): the checkpoint's own settings, then
-    whatever the user overrode.
-
-    Evaluating a checkpoint needs the settings it was trained with (the model, the data set,
-    the seed the synthetic set is drawn from); the user only names what should differ. The
-    groups (model, data, optim, task) come back whole, as the checkpoint holds them.
-    """
+    """The config of `config_name` (eval, predict, generate): the checkpoint's own settings (its groups whole),
+    then what the user overrode."""
     from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -116,10 +105,8 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], con
     saved = {**saved, "optim": {key: value for key, value in saved.get("optim", {}).items()
                                 if key not in ("scheduler", "warmup_epochs")}}  # fmt: skip
     for section, value in saved.items():
-        if section in given or section not in composed or section == "trust_checkpoint":  # the user's own say
-            continue
-        if section == "callbacks":  # eval, the export and predict run no callbacks
-            continue
+        if section in given or section not in composed or section in ("trust_checkpoint", "callbacks"):
+            continue  # the user's own say; a command on a checkpoint runs no callbacks
         if section in CONFIG_GROUPS:
             merged[section] = value
         else:  # of a section's settings, those this project has (not those of a capability it was made without)

@@ -1,7 +1,5 @@
-"""Which strategies the project has (engine/strategies/) and the config sections each reads: ddp's
-own, and those of config/sharding.py where the project has it. TrainConfig gets a field for each
-such section (with_strategy_sections). A section no chosen strategy reads, set to anything but
-train.yaml's value, would be silently ignored: it is refused (check_strategy_options)."""
+"""Which strategies the project has and the config sections each reads (ddp's, and config/sharding.py's where
+the project has it). A section the chosen strategy does not read, set otherwise than train.yaml, is refused."""
 
 from __future__ import annotations
 
