@@ -1,7 +1,5 @@
 """Training augmentation: a random crop with zero padding and a horizontal flip per image, from (seed, epoch,
-index) alone. One implementation serves the loader (a batch of one) and `data.on_device` (a whole batch on
-the device), so both give the same bits.
-"""
+index) alone. One implementation serves the loader (a batch of one) and `data.on_device`: the same bits."""
 
 from __future__ import annotations
 

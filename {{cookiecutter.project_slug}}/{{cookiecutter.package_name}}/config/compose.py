@@ -50,8 +50,7 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
 
 
 def refuse_unknown_keys(node: Any, section: Any, prefix: str = "") -> None:
-    """A key the schema does not know (`+trainer.foo=3`) would be silently ignored: refuse it.
-    The groups (model, data, optim, task) are open: their keys are the callable's arguments."""
+    """A key the schema does not know (`+trainer.foo=3`) would be ignored: refused. The groups are open."""
     known = {item.name: getattr(section, item.name) for item in fields(section)}
     for key in node:
         if key not in known:
@@ -92,8 +91,7 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], con
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     given = {item.split("=", 1)[0].lstrip("+~") for item in user_overrides if "=" in item}
-    # A dotted key into a group the checkpoint brings (data.val_size=5) is applied to the checkpoint's
-    # group, not to the default one the eval config would compose (which may not even have the key).
+    # A dotted key into a group the checkpoint brings (data.val_size=5) goes to the checkpoint's group.
     parsed = OverridesParser.create().parse_overrides(list(user_overrides))
     into_saved = [
         item for item in parsed if not item.is_delete() and into_a_saved_group(item.key_or_group, given, saved)
@@ -133,9 +131,8 @@ MISSING_KEY = object()
 
 
 def let_group_keys_through(argv: list[str]) -> None:
-    """Before Hydra composes eval.yaml: `data.val_size=5` is a key of the checkpoint's data group, which
-    the default group eval.yaml composes may lack. `++` lets Hydra's compose through; compose_for_checkpoint
-    then applies it to the checkpoint's group (and refuses a key that group does not have)."""
+    """`data.val_size=5` as `++`, which Hydra composes though eval.yaml's default group may lack the key:
+    compose_for_checkpoint applies it to the checkpoint's group (and refuses a key that group lacks)."""
     whole = {arg.split("=", 1)[0] for arg in argv[1:] if "=" in arg and "." not in arg.split("=", 1)[0]}
     for index, arg in enumerate(argv[1:], start=1):
         key = arg.split("=", 1)[0]
@@ -153,9 +150,8 @@ LOADER_KEYS = ("batch_size", "num_workers", "augment", "on_device", "collate")  
 
 
 def reach_the_data_set(merged: DictConfig, saved: dict[str, Any], key: str) -> None:
-    """A checkpoint holds its data node resolved: `data.val_size=5` must also reach the data set's own
-    `val_size` (configs/data/*.yaml interpolate `${data.val_size}` there), or it would change nothing.
-    Where the data set has no key of that name holding the same value, say so rather than ignore it."""
+    """`data.val_size=5` reaches the data set's own `val_size` too (the checkpoint holds `${data.val_size}`
+    resolved), or it would change nothing; a data set without that key and value: refused, not ignored."""
     section, _, name = key.partition(".")
     if section != "data" or "." in name or name in LOADER_KEYS or "data" in saved and name not in saved["data"]:
         return

@@ -109,8 +109,7 @@ def check_optim(node: Any) -> None:
 
 
 def check_scheduler(node: Any) -> None:
-    """scheduler: `_target_` (the project's Cosine or Constant, any torch.optim.lr_scheduler class, or the
-    user's own) and its arguments, plus the warm-up keys, the project's (engine/schedule.py)."""
+    """scheduler: `_target_` (any learning-rate scheduler) and its arguments, plus the project's warm-up keys."""
     require_target("scheduler", node)
     number("scheduler.warmup_epochs", node.get("warmup_epochs", 0.0), 0)
     whole_number("scheduler.warmup_steps", node.get("warmup_steps", 0), 0)
@@ -215,9 +214,8 @@ class CheckpointConfig:
 
 
 class LogConfig(dict):
-    """The log section: `all_ranks_console`, then the keys of the sinks this project has (observe/sinks/:
-    TensorBoard, experiment trackers, as chosen when it was made). configs/train.yaml declares them, with
-    their defaults and types; a key it does not declare is refused. Read as attributes: `log.<key>`."""
+    """The log section: the keys configs/train.yaml declares (`all_ranks_console`, the sinks' of observe/sinks/),
+    of their types; another is refused. Read as attributes: `log.<key>`."""
 
     def __getattr__(self, key: str) -> Any:
         try:

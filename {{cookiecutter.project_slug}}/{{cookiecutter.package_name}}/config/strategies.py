@@ -30,8 +30,7 @@ def with_strategy_sections(cls: type[Config]) -> type[Config]:
 
 
 def check_strategy_options(config: Any) -> None:
-    """What the chosen strategy cannot do: fp16 without loss scaling, and the options of sections it
-    does not read (another strategy's, which it would ignore)."""
+    """What the chosen strategy cannot do: fp16 without loss scaling, another strategy's options."""
     require(
         config.trainer.precision != "fp16" or config.strategy in LOSS_SCALING,
         f"trainer.precision=fp16 needs loss scaling, which strategy={config.strategy} does not do: use "

@@ -21,8 +21,7 @@ class Batch(NamedTuple):
 
 
 def to_device(value: Any, device: torch.device, memory_format: torch.memory_format | None = None) -> Any:
-    """Tensors (also inside tuples, lists and dicts) on `device`, without blocking; 4-d ones (image batches)
-    in `memory_format` when given."""
+    """Tensors (also inside tuples, lists and dicts) on `device`, without blocking; 4-d ones in `memory_format`."""
     if isinstance(value, torch.Tensor):
         if memory_format is not None and value.dim() == 4:
             return value.to(device, non_blocking=True, memory_format=memory_format)

@@ -60,8 +60,7 @@ def count_parameters(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-# What a checkpoint's config may build (engine/checkpoint/trust.py): add a model of yours here, or give a
-# module of yours beside this one a BUILDABLE of its own.
+# What a checkpoint's config may build (engine/checkpoint/trust.py): add yours here, or a module's BUILDABLE.
 BUILDABLE = (SmallCNN, MixtureOfExperts, *buildable_beside(__name__, __path__))
 
 

@@ -1,10 +1,6 @@
-"""Tasks: what a batch's loss is and what evaluation reports (docs/tasks.md says each form and what
-"exact" means for it).
-
-A task is any object with `loss(outputs, targets)` (one loss per sample, or a pair (total, count)) and
-`metrics(outputs, targets)` (per-sample values or pairs by name, the first the validation loss), chosen by
-`task._target_`; optionally `summarise`, `epoch_outputs`, `epoch_sums` and `epoch_metrics` (figures of the
-whole set), and `predict(outputs, kind)` with `predictions` (what predict.py saves).
+"""Tasks: what a batch's loss is and what evaluation reports. A task (`task._target_`) has `loss` and `metrics`
+(Task); optionally `summarise`, `epoch_outputs`, `epoch_sums`, `epoch_metrics` (figures of the whole set), and
+`predict(outputs, kind)` with `predictions` (what predict.py saves). docs/tasks.md says what each form means.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ class Task(Protocol):
         """One loss per sample, shape (batch,); or (total, count): the items' summed loss and their number."""
 
     def metrics(self, outputs: Any, targets: Any) -> dict[str, Any]:
-        """Per-sample values by name, each of shape (batch,), or (total, count) pairs; the first is the
-        validation loss."""
+        """Per-sample values (batch,) or (total, count) pairs by name; the first is the validation loss."""
 
 
 class Classification:
@@ -184,8 +179,7 @@ def predicted(logits: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
     return logits.argmax(dim=dim)
 
 
-# What a checkpoint's config may build (engine/checkpoint/trust.py): add a task of yours here, or give a
-# module of yours beside this one a BUILDABLE of its own (found by what is present).
+# What a checkpoint's config may build (engine/checkpoint/trust.py): add yours here, or a module's BUILDABLE.
 BUILDABLE = (Classification, InfoNCE, ClassificationWithAux, *buildable_beside(__name__, __path__))
 
 

@@ -95,8 +95,7 @@ def allow_frozen_parameters(config: TrainConfig, callbacks: Callbacks) -> None:
 
 
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built | None = None) -> Trainer:
-    """Everything the loop needs, in order, resumed from a checkpoint when there is one. `built`: what this
-    process's start checks built and read (checks.py), taken as it is."""
+    """Everything the loop needs, in order, resumed where there is a checkpoint; `built`: the checks' (checks.py)."""
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
     apply_global_batch(config, env.world_size)  # data.global_batch_size: the batch and accumulation of this world
@@ -137,8 +136,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir
     )
-    if built is not None and built.resume_read:
-        checkpoints.found_at_start = [built.resume]  # read by the checks: not read again
+    if built is not None:  # check_launch looked for the checkpoint: not read again
+        checkpoints.found_at_start = [built.resume]
     trainer = Trainer(
         config=config,
         env=env,

@@ -41,14 +41,12 @@ class Built:
     model: torch.nn.Module  # freshly initialised from the seed, on the CPU
     task: Any
     resume: tuple[Path, dict[str, Any]] | None = None  # the checkpoint found (None: none)
-    resume_read: bool = False  # whether `resume` was looked for
 
 
 def check_launch(
     config: TrainConfig, run_dir: Path | None, env: DistEnv, choice: BackendChoice, plain: dict[str, Any] | None = None
 ) -> Built:
-    """Every check, for a job of `env`'s shape on this node's devices; what they built and read.
-    `plain`: the config as to_plain_dict gives it, where the caller has it already."""
+    """Every check for a job of `env`'s shape; what they built and read. `plain`: to_plain_dict(config), if at hand."""
     apply_global_batch(config, env.world_size)  # a global batch this world size does not divide: one line
     build_strategy(config, env).check(choice.use_cuda)
     check_sinks(config.log)
@@ -59,7 +57,7 @@ def check_launch(
     checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False, fetches=True)
     checkpoints.check_owner(run_dir)  # checkpoint.dir: another run's is refused (writer.py)
     checkpoints.refuse_to_overwrite()
-    built.resume, built.resume_read = checkpoints.find_resume_payload(), True
+    built.resume = checkpoints.find_resume_payload()
     check_resume(built.resume, plain or to_plain_dict(config), config.trainer.epochs)
     return built
 
@@ -69,8 +67,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def check_memory(env: DistEnv, on_gpus: bool, weights: int) -> None:
-    """This node's processes must fit in its memory: each what this one's model and batch took, with
-    gradients and up to two optimizer states more."""
+    """This node's processes must fit in its memory: each this one's peak, plus gradients and two optimizer states."""
     per_process = peak_rss() + 3 * weights
     measured = "the first worker's model and batch took"
     if refusal := check_processes_fit(env.local_world_size, per_process, on_gpus, available_memory(), measured):
@@ -78,8 +75,7 @@ def check_memory(env: DistEnv, on_gpus: bool, weights: int) -> None:
 
 
 def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
-    """The run dir must be writable, with room for a checkpoint and the one being written: the
-    weights and up to two optimizer states each (Adam's), twice."""
+    """The run dir must be writable, with room for two checkpoints (the weights and two optimizer states each)."""
     existing = next(folder for folder in (run_dir, *run_dir.resolve().parents) if folder.exists())
     if not os.access(existing, os.W_OK):
         raise ConfigError(f"{existing} is not writable, and the run dir {run_dir} must be: give another RUN_DIR")
@@ -93,8 +89,7 @@ def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
 
 
 def check_components(config: TrainConfig) -> Built:
-    """Build everything once and run one small batch through the model and the task: a mistake in any of
-    them becomes one line here, not a failure per rank."""
+    """Build everything and run one batch through the model and the task: a mistake is one line, not one per rank."""
     train, val = build_datasets(config.data.dataset)
     check_datasets(config.data, (train, val))
     torch.manual_seed(config.seed)  # the weights build.py would initialise (nothing before it draws)

@@ -60,10 +60,10 @@ def accept_legacy_local_rank(argv: list[str]) -> None:
     args = iter(argv[1:])
     for arg in args:
         name, has_value, value = arg.partition("=")
-        if name in ("--local-rank", "--local_rank"):
+        if name in ("--local-rank", "--local_rank"):  # torchrun puts the same number in LOCAL_RANK
             os.environ.setdefault("LOCAL_RANK", value if has_value else next(args, "0"))
-            continue
-        kept.append(arg)
+        else:
+            kept.append(arg)
     argv[1:] = kept
 
 
@@ -115,15 +115,13 @@ def reporting_user_errors(body: Callable[[], None]) -> None:
         stop_job(error)
     except Exception:
         if os.environ.get(CONTROL_DIR_ENV) and read_marker(None, FAILED_MARKER) is not None:
-            # Another rank stopped the job (its one line is in the launcher's control dir, fresh each
-            # launch); this rank's error is the echo of it (a peer gone from a collective): no traceback.
+            # Another rank stopped the job (its line is in this launch's control dir): this error echoes it.
             os._exit(0)
         raise
 
 
 def refuse(error: ConfigError, tell: bool = True) -> NoReturn:
-    """A user's mistake: its one line to the launcher and, unless it came from one (`tell`), the other nodes;
-    without the launcher, said here."""
+    """A user's mistake: its line to the launcher and (`tell`) the other nodes; without a launcher, said here."""
     said = f"{error}\n{USER_ERROR_EXIT}\n{REFUSED}\n"
     if os.environ.get(CONTROL_DIR_ENV) and tell:
         tell_the_other_nodes(str(error))
@@ -134,10 +132,8 @@ def refuse(error: ConfigError, tell: bool = True) -> NoReturn:
 
 
 def stop_job(error: JobError) -> NoReturn:
-    """An error no restart can fix: the traceback to this rank's log file, the line and exit code to the
-    launcher's FAILED_MARKER, and exit 0 so that torchrun does not restart the workers."""
-    message = str(error).strip().splitlines()[-1]
-    message = message.split("JobError: ", 1)[-1]  # raised in a DataLoader worker: its last line is ours
+    """An error no restart can fix: its line and exit code to the launcher, exit 0 so torchrun restarts nothing."""
+    message = str(error).strip().splitlines()[-1].split("JobError: ", 1)[-1]  # a DataLoader worker's: its last line
     log.error("stopping: %s", message, exc_info=error, extra={"file_only": True})
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if not write_marker(run_dir, FAILED_MARKER, f"{message}\n{error.exit_code}\n"):
@@ -162,9 +158,8 @@ def run_train(cfg: DictConfig) -> None:
         else:  # while this node's local rank 0 checks: its imports, not after the group formed
             import_targets([config.model, config.data.dataset, config.task, config.optim, config.data.collate])
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
-        group_of_one = strategy_class(config.strategy).needs_group_of_one
         on_refused = (lambda line: refuse(ConfigError(line), tell=False)) if os.environ.get(CONTROL_DIR_ENV) else None
-        with distributed(config.dist, group_of_one, on_refused) as env:
+        with distributed(config.dist, strategy_class(config.strategy).needs_group_of_one, on_refused) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)
             check_same_config_everywhere(plain, env)

@@ -1,7 +1,5 @@
-"""model.init_from: a new run starts from weights (fine-tuning), not from a random initialisation
-(docs/recipe.md, "Fine-tuning from weights"). Also a folder of another library's format that a module of
-checkpoint/ reads (checkpoint/weights.py). Rank 0 reads it, the others receive it through the process group.
-"""
+"""model.init_from: a new run starts from weights (docs/recipe.md, "Fine-tuning from weights"), also a folder
+of a format a module of checkpoint/ reads (checkpoint/weights.py). Rank 0 reads it, the others receive it."""
 
 from __future__ import annotations
 
