@@ -1,10 +1,5 @@
-"""Training augmentation: a random crop with zero padding and a horizontal flip per image.
-
-Each image's crop and flip are a function of (seed, epoch, index) alone, so they are the same
-whatever the world size, the number of DataLoader workers or a resume in between. One
-implementation serves both paths: the loader augments each sample as a batch of one, and
-`data.on_device` augments a whole batch on the device; both give the same bits.
-"""
+"""Training augmentation: a random crop with zero padding and a horizontal flip per image, from (seed, epoch,
+index) alone. One implementation serves the loader (a batch of one) and `data.on_device`: the same bits."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ CROP_PADDING = 4
 
 
 def augment_batch(images: torch.Tensor, seed: int, epoch: int, indices: torch.Tensor) -> torch.Tensor:
-    """Random crop with zero padding and horizontal flip of each image (count, ..., height, width),
-    drawn from (seed, epoch, index) with its index from `indices`, on the images' device."""
+    """Random crop and flip of each image (count, ..., height, width), its index from `indices`."""
     draw = sample_seeds(seed, epoch, indices.to(images.device))
     span = 2 * CROP_PADDING + 1
     dy = (shift_right(draw, 32) * (2**32 % span) + (draw & 0xFFFFFFFF)) % span  # the unsigned draw % span

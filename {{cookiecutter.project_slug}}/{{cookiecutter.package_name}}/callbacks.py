@@ -1,13 +1,5 @@
-"""Your callbacks: logic at a step's start or end, after a validation, at the run's start or end,
-named in the config by `_target_` (docs/callbacks.md), e.g.
-
-    python -m {{ cookiecutter.package_name }}.train +callbacks.freeze._target_={{ cookiecutter.package_name }}.callbacks.FreezeUntil \
-        +callbacks.freeze.step=100 '+callbacks.freeze.prefixes=[blocks.0.]'
-
-A callback defines the events it wants (engine/callbacks.py lists them); each gets `run`: run.step,
-run.epoch, run.model (unwrapped), run.optimizer, run.rank, run.world_size, run.run_dir, run.log(name,
-value), run.evaluate(dataset). These three are the docs' examples, each tested (tests/test_callbacks.py).
-"""
+"""Your callbacks: logic at the events engine/callbacks.py lists, named in the config by `_target_`. These
+three are docs/callbacks.md's examples, which says what each event's `run` offers."""
 
 from __future__ import annotations
 
@@ -18,9 +10,7 @@ from torch import nn
 
 class FreezeUntil:
     """Freeze the parameters whose names start with one of `prefixes` (a backbone) for the first `step`
-    optimizer steps, then train them. A frozen parameter gets no gradient, so the optimizer leaves it,
-    its momentum and its weight decay alone. Under ddp this needs DDP to find unused parameters:
-    `freezes_parameters` tells the engine to turn ddp.find_unused_parameters on (engine/assembly/build.py)."""
+    optimizer steps, then train them. `freezes_parameters`: ddp.find_unused_parameters is turned on."""
 
     freezes_parameters = True
 
@@ -44,7 +34,7 @@ class FreezeUntil:
 
 
 class LogWeightNorm:
-    """Log the global norm of the weights every `every` steps, as `weights/norm`: a figure of your own."""
+    """Log the global norm of the weights every `every` steps, as `weights/norm`."""
 
     def __init__(self, every: int) -> None:
         self.every = every
@@ -59,9 +49,7 @@ class LogWeightNorm:
 
 class SecondValidation:
     """Evaluate the model on another data set every `every` steps and log its figures as `<name>/<metric>`.
-    `dataset` is a node with its `_target_` (built for you): a map-style data set, or a (train, val) pair
-    as data.dataset's `_target_` returns, of which the val set is used. The figures are exact, and the
-    same at any world size: every rank evaluates its share, as the validation does."""
+    `dataset`: a map-style data set, or a (train, val) pair whose val set is used."""
 
     def __init__(self, every: int, dataset: Any, name: str = "val2") -> None:
         self.every, self.name = every, name
@@ -73,6 +61,5 @@ class SecondValidation:
                 run.log(f"{self.name}/{metric}", value)
 
 
-# What a checkpoint's config may build (engine/checkpoint/trust.py): a callback of yours here, named by no config
-# file, is added to it; anything of the package not listed is refused.
+# What a checkpoint's config may build (engine/checkpoint/trust.py): add a callback of yours here.
 BUILDABLE = (FreezeUntil, LogWeightNorm, SecondValidation)

@@ -1,7 +1,5 @@
-"""The configuration, in one place: its typed schema (schema.py: types and rules; commands.py: the keys
-of the commands that read a checkpoint; each key's default and its one-line meaning live in
-configs/train.yaml and the group files, nowhere else), the rules a value is checked by (values.py), and
-the way from Hydra's composed config to checked dataclasses and back to plain values (compose.py).
+"""The configuration: its typed schema (schema.py, commands.py; defaults and meanings live in configs/), the
+rules a value is checked by (values.py), Hydra's config to checked dataclasses and back (compose.py).
 Imported by launcher and workers alike: no torch here."""
 
 from __future__ import annotations
@@ -9,21 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from .commands import PredictConfig
-from .compose import (
-    CONFIG_GROUPS,
-    compose_for_checkpoint,
-    let_group_keys_through,
-    register_configs,
-    to_plain_dict,
-    to_train_config,
-)
+from .compose import compose_for_checkpoint, let_group_keys_through, register_configs, to_plain_dict, to_train_config
 from .schema import (
     STRATEGY_SECTIONS,
     CheckpointConfig,
     DataConfig,
     DDPConfig,
     DistConfig,
-    EvalConfig,
     LogConfig,
     TrainConfig,
     TrainerConfig,
@@ -33,14 +23,12 @@ from .values import COMM_HOOKS, PRECISIONS, config_dir, require_choice
 
 __all__ = [
     "COMM_HOOKS",
-    "CONFIG_GROUPS",
     "PRECISIONS",
     "STRATEGY_SECTIONS",
     "CheckpointConfig",
     "DDPConfig",
     "DataConfig",
     "DistConfig",
-    "EvalConfig",
     "LogConfig",
     "PredictConfig",
     "TrainConfig",
@@ -56,8 +44,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """A name of this package's optional modules (their `__all__`: config/sharding.py's sections, where the
-    project has it), as `<package>.config.<Name>` imported it before they had modules of their own."""
+    """A name of an optional module's `__all__` (config/sharding.py's), as `config.<Name>` imported it before."""
     for module in STRATEGY_MODULES:
         if name in getattr(module, "__all__", ()):
             return getattr(module, name)

@@ -1,8 +1,5 @@
-"""data.global_batch_size: the samples of one optimizer step over every process, the same at any world size,
-so that a resume on another world size keeps the optimization (docs/recipe.md). The per-process batch
-(data.batch_size) and trainer.grad_accum_steps are derived from it for the job's world size, the micro-batch
-at most data.micro_batch_size where that is set. Arithmetic alone, without torch: the launcher checks it
-before torchrun starts, the workers derive it before any work.
+"""data.global_batch_size: data.batch_size and trainer.grad_accum_steps derived for the job's world size
+(docs/recipe.md). No torch: the launcher checks it before torchrun starts, the workers derive it.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ SHOWN = 8  # world sizes named in a refusal
 
 
 def global_batch_keys(node: dict[str, Any]) -> dict[str, int | None]:
-    """data.global_batch_size and data.micro_batch_size of a data node: null (off) or a whole number >= 1;
-    a micro-batch cap only with a global batch (data.batch_size is the micro-batch without one)."""
+    """data.global_batch_size and data.micro_batch_size of a data node: null (off) or a whole number >= 1."""
     given = {key: node.get(key) for key in ("global_batch_size", "micro_batch_size")}
     for key, value in given.items():
         if value is not None:
@@ -31,9 +27,8 @@ def global_batch_keys(node: dict[str, Any]) -> dict[str, int | None]:
 
 
 def split_global_batch(global_batch: int, micro_batch: int | None, world_size: int) -> tuple[int, int]:
-    """(per-process micro-batch, accumulation steps) of `global_batch` samples per optimizer step on
-    `world_size` processes: the fewest accumulation steps whose micro-batch is at most `micro_batch`.
-    A world size that does not divide the global batch: one line naming those that do."""
+    """(per-process micro-batch, accumulation steps) of `global_batch` on `world_size` processes: the fewest
+    accumulation steps whose micro-batch is at most `micro_batch`."""
     if global_batch % world_size:
         works = [size for size in range(1, global_batch + 1) if global_batch % size == 0]
         works = sorted(sorted(works, key=lambda size: abs(size - world_size))[:SHOWN])
@@ -50,8 +45,8 @@ def split_global_batch(global_batch: int, micro_batch: int | None, world_size: i
 
 
 def apply_global_batch(config: Any, world_size: int) -> None:
-    """A TrainConfig's data.batch_size and trainer.grad_accum_steps for `world_size` processes, derived
-    where data.global_batch_size is set (from it alone: applying it again changes nothing); else as given."""
+    """A TrainConfig's data.batch_size and trainer.grad_accum_steps for `world_size`, where global_batch_size
+    is set (from it alone: applying it again changes nothing)."""
     data = config.data
     if data.global_batch_size is not None:
         data.batch_size, config.trainer.grad_accum_steps = split_global_batch(

@@ -1,7 +1,5 @@
 """From Hydra's composed config to checked dataclasses (to_train_config), and back to plain values
-for a checkpoint (to_plain_dict); an evaluation's config from its checkpoint (compose_for_checkpoint).
-`to_train_config` runs every section's check before any process group exists, identically on every rank.
-"""
+(to_plain_dict); a command's config from its checkpoint's (compose_for_checkpoint)."""
 
 from __future__ import annotations
 
@@ -32,10 +30,7 @@ def register_configs() -> None:
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Turn Hydra's composed config into dataclass objects, running every range check.
-
-    Interpolations are resolved here; a missing value or a failed check becomes a ConfigError.
-    """
+    """Hydra's composed config as checked dataclasses, interpolations resolved; any mistake a ConfigError."""
     try:
         config = cast(TrainConfig, OmegaConf.to_object(cfg))  # the structured schema's dataclass
     except Exception as error:  # OmegaConf's own errors carry the key in their message
@@ -55,8 +50,7 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
 
 
 def refuse_unknown_keys(node: Any, section: Any, prefix: str = "") -> None:
-    """A key the schema does not know (`+trainer.foo=3`) would be silently ignored: refuse it.
-    The groups (model, data, optim, task) are open: their keys are the callable's arguments."""
+    """A key the schema does not know (`+trainer.foo=3`) would be ignored: refused. The groups are open."""
     known = {item.name: getattr(section, item.name) for item in fields(section)}
     for key in node:
         if key not in known:
@@ -78,9 +72,8 @@ def check_all(section: Any) -> None:
 
 
 def to_plain_dict(config: Any) -> dict[str, Any]:
-    """The config as plain dicts, lists and scalars (what a weights_only checkpoint may hold):
-    the groups as configured, so that the checkpoint's config composes again. What is written of a
-    config (checkpoints, config.yaml, trackers) is this: credentials redacted (common/redaction.py)."""
+    """The config as plain values (what a weights_only checkpoint may hold), the groups as configured so that
+    it composes again; what is written of a config anywhere: credentials redacted (common/redaction.py)."""
     log = dict(config.log) if isinstance(config.log, LogConfig) else config.log
     plain = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(replace(config, log=log)), resolve=True))
     if isinstance(config.data, DataConfig):
@@ -92,19 +85,13 @@ CONFIG_GROUPS = ("model", "data", "optim", "scheduler", "task")
 
 
 def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], config_name: str = "eval") -> DictConfig:
-    """The eval config (or predict's, generate's: `config_name`): the checkpoint's own settings, then
-    whatever the user overrode.
-
-    Evaluating a checkpoint needs the settings it was trained with (the model, the data set,
-    the seed the synthetic set is drawn from); the user only names what should differ. The
-    groups (model, data, optim, task) come back whole, as the checkpoint holds them.
-    """
+    """The config of `config_name` (eval, predict, generate): the checkpoint's own settings (its groups whole),
+    then what the user overrode."""
     from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     given = {item.split("=", 1)[0].lstrip("+~") for item in user_overrides if "=" in item}
-    # A dotted key into a group the checkpoint brings (data.val_size=5) is applied to the checkpoint's
-    # group, not to the default one the eval config would compose (which may not even have the key).
+    # A dotted key into a group the checkpoint brings (data.val_size=5) goes to the checkpoint's group.
     parsed = OverridesParser.create().parse_overrides(list(user_overrides))
     into_saved = [
         item for item in parsed if not item.is_delete() and into_a_saved_group(item.key_or_group, given, saved)
@@ -116,10 +103,8 @@ def compose_for_checkpoint(saved: dict[str, Any], user_overrides: list[str], con
     saved = {**saved, "optim": {key: value for key, value in saved.get("optim", {}).items()
                                 if key not in ("scheduler", "warmup_epochs")}}  # fmt: skip
     for section, value in saved.items():
-        if section in given or section not in composed or section == "trust_checkpoint":  # the user's own say
-            continue
-        if section == "callbacks":  # eval, the export and predict run no callbacks
-            continue
+        if section in given or section not in composed or section in ("trust_checkpoint", "callbacks"):
+            continue  # the user's own say; a command on a checkpoint runs no callbacks
         if section in CONFIG_GROUPS:
             merged[section] = value
         else:  # of a section's settings, those this project has (not those of a capability it was made without)
@@ -146,9 +131,8 @@ MISSING_KEY = object()
 
 
 def let_group_keys_through(argv: list[str]) -> None:
-    """Before Hydra composes eval.yaml: `data.val_size=5` is a key of the checkpoint's data group, which
-    the default group eval.yaml composes may lack. `++` lets Hydra's compose through; compose_for_checkpoint
-    then applies it to the checkpoint's group (and refuses a key that group does not have)."""
+    """`data.val_size=5` as `++`, which Hydra composes though eval.yaml's default group may lack the key:
+    compose_for_checkpoint applies it to the checkpoint's group (and refuses a key that group lacks)."""
     whole = {arg.split("=", 1)[0] for arg in argv[1:] if "=" in arg and "." not in arg.split("=", 1)[0]}
     for index, arg in enumerate(argv[1:], start=1):
         key = arg.split("=", 1)[0]
@@ -166,9 +150,8 @@ LOADER_KEYS = ("batch_size", "num_workers", "augment", "on_device", "collate")  
 
 
 def reach_the_data_set(merged: DictConfig, saved: dict[str, Any], key: str) -> None:
-    """A checkpoint holds its data node resolved: `data.val_size=5` must also reach the data set's own
-    `val_size` (configs/data/*.yaml interpolate `${data.val_size}` there), or it would change nothing.
-    Where the data set has no key of that name holding the same value, say so rather than ignore it."""
+    """`data.val_size=5` reaches the data set's own `val_size` too (the checkpoint holds `${data.val_size}`
+    resolved), or it would change nothing; a data set without that key and value: refused, not ignored."""
     section, _, name = key.partition(".")
     if section != "data" or "." in name or name in LOADER_KEYS or "data" in saved and name not in saved["data"]:
         return

@@ -1,7 +1,6 @@
-"""Typed schema of the configuration: types and rules live here; each key's default and its one-line
-meaning live in configs/train.yaml (and the group files), nowhere else. Every yaml file under configs/
-extends one of these dataclasses, so Hydra rejects a wrong type at composition time; each section's
-`check()` runs before any work (compose.py)."""
+"""Typed schema of the configuration: types and rules; each key's default and meaning live in configs/ alone.
+Every yaml file there extends one of these dataclasses, so Hydra rejects a wrong type when it composes;
+each section's `check()` runs before any work (compose.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ from .values import (
     whole_number,
 )
 
-# The modules of this package that add settings to a section (each its SECTION_FIELDS and check_section):
-# those of the capabilities the project was made with, found by what is present (not this one, which names them).
+# The modules that add settings to a section (each its SECTION_FIELDS and check_section), found by what is present.
 FIELD_MODULES = tuple(module for module in modules_with(__package__, [str(Path(__file__).parent)], "SECTION_FIELDS")
                       if hasattr(module, "check_section"))  # fmt: skip
 Section = TypeVar("Section")
@@ -76,6 +74,8 @@ class DataConfig:
     def from_node(cls, node: dict[str, Any]) -> DataConfig:
         require(isinstance(node, dict), "data must be a config node: choose one with data=<name>")
         require_target("data.dataset", node.get("dataset"))
+        if node.get("collate") is not None:  # absent or null: torch's default collation
+            require_target("data.collate", node["collate"])
         return cls(
             batch_size=whole_number("data.batch_size", node.get("batch_size"), 1),
             num_workers=whole_number("data.num_workers", node.get("num_workers", 0), 0),
@@ -83,19 +83,12 @@ class DataConfig:
             num_classes=whole_number("data.num_classes", node["num_classes"], 2) if "num_classes" in node else 0,
             augment=flag("data.augment", node.get("augment", False)),
             on_device=flag("data.on_device", node.get("on_device", False)),
-            collate=collate_node(node.get("collate")),
+            collate=node.get("collate"),
             val_sets=node.get("val_sets") or {},  # data/loader.py checks these two
             test_set=node.get("test_set"),
             **global_batch_keys(node),
             node=node,
         )
-
-
-def collate_node(node: Any) -> dict[str, Any] | None:
-    """data.collate: absent or null (torch's default collation), or a node whose `_target_` batches items."""
-    if node is not None:
-        require_target("data.collate", node)
-    return node
 
 
 def check_optim(node: Any) -> None:
@@ -116,8 +109,7 @@ def check_optim(node: Any) -> None:
 
 
 def check_scheduler(node: Any) -> None:
-    """scheduler: `_target_` (the project's Cosine or Constant, any torch.optim.lr_scheduler class, or the
-    user's own) and its arguments, plus the warm-up keys, the project's (engine/schedule.py)."""
+    """scheduler: `_target_` (any learning-rate scheduler) and its arguments, plus the project's warm-up keys."""
     require_target("scheduler", node)
     number("scheduler.warmup_epochs", node.get("warmup_epochs", 0.0), 0)
     whole_number("scheduler.warmup_steps", node.get("warmup_steps", 0), 0)
@@ -222,9 +214,8 @@ class CheckpointConfig:
 
 
 class LogConfig(dict):
-    """The log section: `all_ranks_console`, then the keys of the sinks this project has (observe/sinks/:
-    TensorBoard, experiment trackers, as chosen when it was made). configs/train.yaml declares them, with
-    their defaults and types; a key it does not declare is refused. Read as attributes: `log.<key>`."""
+    """The log section: the keys configs/train.yaml declares (`all_ranks_console`, the sinks' of observe/sinks/),
+    of their types; another is refused. Read as attributes: `log.<key>`."""
 
     def __getattr__(self, key: str) -> Any:
         try:

@@ -1,7 +1,5 @@
-"""Which strategies the project has (engine/strategies/) and the config sections each reads: ddp's
-own, and those of config/sharding.py where the project has it. TrainConfig gets a field for each
-such section (with_strategy_sections). A section no chosen strategy reads, set to anything but
-train.yaml's value, would be silently ignored: it is refused (check_strategy_options)."""
+"""Which strategies the project has and the config sections each reads (ddp's, and config/sharding.py's where
+the project has it). A section the chosen strategy does not read, set otherwise than train.yaml, is refused."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def with_strategy_sections(cls: type[Config]) -> type[Config]:
 
 
 def check_strategy_options(config: Any) -> None:
-    """What the chosen strategy cannot do: fp16 without loss scaling, and the options of sections it
-    does not read (another strategy's, which it would ignore)."""
+    """What the chosen strategy cannot do: fp16 without loss scaling, another strategy's options."""
     require(
         config.trainer.precision != "fp16" or config.strategy in LOSS_SCALING,
         f"trainer.precision=fp16 needs loss scaling, which strategy={config.strategy} does not do: use "

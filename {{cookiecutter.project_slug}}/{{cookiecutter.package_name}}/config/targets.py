@@ -1,7 +1,5 @@
-"""A config node `{_target_: module.callable, key: value, ...}` and the object it builds: the callable the
-dotted path names, called with the node's other keys as keyword arguments (Hydra's `instantiate`), so that a
-user's own model, data set or task is a yaml file. Every failure (a target that does not import, is not
-callable, or fails on its arguments) becomes one ConfigError line naming the key. No torch here: what a built
+"""A config node `{_target_: module.callable, key: value, ...}` built by calling the callable with the other
+keys (Hydra's `instantiate`); every failure one ConfigError line naming the key. No torch here: what a built
 object must be is its builder's to say (engine/assembly/components.py)."""
 
 from __future__ import annotations
@@ -49,10 +47,8 @@ def target_of(node: Mapping[str, Any], key: str) -> Callable[..., Any]:
 
 
 def import_targets(nodes: list[Any]) -> None:
-    """Import the modules that these nodes' `_target_`s come from (torchvision, a user's model), and
-    say nothing of those that fail: the checking rank says that. What a rank that does not check runs
-    while the one that does works, so that no rank imports them only once the group has formed, with
-    every other rank waiting for it at the first collective (docs/speed.md)."""
+    """Import the modules these nodes' `_target_`s come from, silently (the checking rank says what fails): a
+    rank that does not check does it meanwhile, not once the group has formed (docs/speed.md)."""
     for node in nodes:
         target = node.get("_target_") if isinstance(node, Mapping) else None
         if isinstance(target, str) and target:

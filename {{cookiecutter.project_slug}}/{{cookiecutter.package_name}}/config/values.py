@@ -11,8 +11,7 @@ from ..common.errors import ConfigError
 
 
 def config_dir() -> Path:
-    """configs/: inside the package once installed (`pip install .` puts it there), beside the
-    package in a source checkout."""
+    """configs/: inside the package once installed, beside it in a source checkout."""
     package = Path(__file__).resolve().parent.parent
     inside = package / "configs"
     return inside if inside.is_dir() else package.parent / "configs"

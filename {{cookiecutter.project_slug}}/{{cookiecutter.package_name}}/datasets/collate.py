@@ -1,13 +1,5 @@
-"""What a batch is (Batch), how it reaches the device and the model; and a built-in `data.collate` for
-items whose inputs do not stack (sequences of different lengths).
-
-The model is called with a batch's inputs: a tensor as the one argument, a tuple as the arguments, a
-dict as keyword arguments.
-
-A `data.collate._target_` is a function called with a batch's list of (input, target) items (the
-node's other keys as keyword arguments) that returns (inputs, targets), in any structure the
-model and the task take (docs/configuration.md, "Items that do not stack: data.collate").
-"""
+"""What a batch is (Batch), how it reaches the device and the model; and the built-in `data.collate`s for
+inputs that do not stack (docs/configuration.md, "Items that do not stack: data.collate")."""
 
 from __future__ import annotations
 
@@ -29,8 +21,7 @@ class Batch(NamedTuple):
 
 
 def to_device(value: Any, device: torch.device, memory_format: torch.memory_format | None = None) -> Any:
-    """Tensors (also inside tuples, lists and dicts) on `device`, without blocking; 4-d ones in
-    `memory_format` when given (channels_last applies to image batches only)."""
+    """Tensors (also inside tuples, lists and dicts) on `device`, without blocking; 4-d ones in `memory_format`."""
     if isinstance(value, torch.Tensor):
         if memory_format is not None and value.dim() == 4:
             return value.to(device, non_blocking=True, memory_format=memory_format)
@@ -44,7 +35,7 @@ def to_device(value: Any, device: torch.device, memory_format: torch.memory_form
 
 
 def model_forward(model: nn.Module, inputs: Any) -> Any:
-    """The model on one batch's inputs."""
+    """The model on one batch's inputs: a tensor its argument, a tuple its arguments, a dict its keywords."""
     if isinstance(inputs, dict):
         return model(**inputs)
     if isinstance(inputs, list | tuple):
@@ -53,10 +44,8 @@ def model_forward(model: nn.Module, inputs: Any) -> Any:
 
 
 def pad_sequences(items: list[tuple[Any, Any]], pad_value: float = 0) -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:
-    """((padded, lengths), targets): each input, a tensor of shape (length, ...), padded at the end with
-    `pad_value` to the longest of the batch: padded (batch, longest, ...), lengths (batch,) int64; the
-    model is called as model(padded, lengths). Targets are collated as torch does (ints: an int64 tensor).
-    The mask of real positions is `torch.arange(padded.shape[1]) < lengths[:, None]`."""
+    """((padded, lengths), targets): each input (length, ...) padded at its end with `pad_value` to the batch's
+    longest, lengths int64; targets collated as torch does."""
     inputs = [item[0] for item in items]
     if not all(isinstance(tensor, torch.Tensor) and tensor.dim() >= 1 for tensor in inputs):
         kinds = sorted({type(tensor).__name__ for tensor in inputs})
@@ -69,15 +58,12 @@ def pad_sequences(items: list[tuple[Any, Any]], pad_value: float = 0) -> tuple[t
 def pad_windows(
     items: list[tuple[torch.Tensor, torch.Tensor]], pad_value: int = 0, ignore: int = -100
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of windows of different lengths (a target per position), each padded at the end to
-    the longest of the batch: inputs with `pad_value` (a causal model's real positions never see them),
-    targets with `ignore` (tasks.IGNORE), which a token-weighted task neither scores nor counts: the loss
-    is the mean over the real tokens of the step's global batch."""
+    """(inputs, targets) of windows of different lengths (a target per position), padded at their end to the
+    batch's longest: inputs with `pad_value`, targets with `ignore` (tasks.IGNORE), neither scored nor counted."""
     inputs = pad_sequence([item[0] for item in items], batch_first=True, padding_value=pad_value)
     targets = pad_sequence([item[1] for item in items], batch_first=True, padding_value=ignore)
     return inputs, targets
 
 
-# What a checkpoint's config may build (engine/checkpoint/trust.py): a collate of yours here, named by no config
-# file, is added to it; anything of the package not listed is refused.
+# What a checkpoint's config may build (engine/checkpoint/trust.py): add a collate of yours here.
 BUILDABLE = (pad_sequences, pad_windows)

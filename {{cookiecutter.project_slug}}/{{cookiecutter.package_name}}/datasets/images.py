@@ -26,8 +26,7 @@ def normalise(images_uint8: torch.Tensor) -> torch.Tensor:
 
 
 class TensorImages(Dataset):
-    """Images held in memory as one (N, C, H, W) tensor with integer labels (what
-    `data.on_device` can keep on the GPU)."""
+    """Images in memory as one (N, C, H, W) tensor with integer labels (what `data.on_device` keeps on the GPU)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.images, self.labels = images, labels
@@ -47,8 +46,7 @@ def synthetic_images(
     for key, value, least in (("train_size", train_size, 1), ("val_size", val_size, 1), ("image_size", image_size, 8)):
         if value < least:
             raise ConfigError(f"data.{key} must be >= {least}, got {value}")
-    prototypes_rng = torch.Generator().manual_seed(seed)
-    coarse = torch.randn(num_classes, 3, 4, 4, generator=prototypes_rng)
+    coarse = torch.randn(num_classes, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
     prototypes = F.interpolate(coarse, size=(image_size, image_size), mode="bilinear", align_corners=False)
 
     def draw(count: int, stream: int) -> TensorImages:
@@ -66,8 +64,7 @@ CIFAR_TEST_FILES = ["test_batch"]
 
 
 class CifarUnpickler(pickle.Unpickler):
-    """CIFAR-10's batches are pickles, and a pickle may name any callable to run: only what the format holds
-    (dicts, lists and bytes of NumPy arrays) is built from one, so a doctored file runs nothing."""
+    """Builds only what CIFAR-10's pickles hold (dicts, lists, NumPy arrays): a doctored file runs nothing."""
 
     FORMAT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # fmt: skip
@@ -130,8 +127,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 def check_image_tree(folder: Path, num_classes: int) -> None:
-    """Refuse, before any work, a split that ImageFolder would read wrongly or fail on mid-epoch:
-    missing, a class folder without images, an empty image file, another number of classes."""
+    """Refuse, before any work, a split that ImageFolder would read wrongly or fail on mid-epoch."""
     if not folder.is_dir():
         raise ConfigError(f"image_folder: {folder} does not exist; set data.root to a folder with train/ and val/")
     classes = sorted(entry for entry in folder.iterdir() if entry.is_dir())
@@ -150,11 +146,8 @@ def check_image_tree(folder: Path, num_classes: int) -> None:
 
 
 class DeviceBatches:
-    """The training batches of `data.on_device`: the set lives on the device and each batch is
-    gathered, normalised and transformed there (augment.py's augment_batch with data.augment), from
-    the sampler's own keys, so the batches equal the DataLoader's (same order, same crops and flips)
-    without workers or host-to-device copies. `sampler` yields (index, epoch, weight) keys and has
-    `batch_size` and `epoch` (the engine's resumable sampler)."""
+    """The training batches of `data.on_device`: gathered, normalised and augmented on the device from the
+    sampler's (index, epoch, weight) keys, so they equal the DataLoader's without workers or copies."""
 
     def __init__(
         self,
@@ -176,9 +169,7 @@ class DeviceBatches:
             indices = torch.tensor([index for index, _, _ in chunk])
             weights = torch.tensor([weight for _, _, weight in chunk], dtype=torch.float64)  # as collated
             on_device = indices.to(self.device, non_blocking=True)
-            images = self.images[on_device]
-            if images.dtype == torch.uint8:
-                images = normalise(images)
+            images = normalise(self.images[on_device]) if self.images.dtype == torch.uint8 else self.images[on_device]
             if self.transform is not None:
                 images = self.transform(images, self.seed, self.sampler.epoch, on_device)
             yield Batch(images, self.labels[on_device], weights, indices)

@@ -1,16 +1,6 @@
-"""Randomness that resumes bit-exactly: a sample's draws from its key (seed, epoch, index).
-
-- Data: while the loader builds a sample, the sample's key (seed, epoch, index) is known to the
-  data set. A random transform inside `with seeded_by_sample():` draws from torch's, Python's
-  and NumPy's global generators seeded from that key (and put back afterwards), so it draws the
-  same numbers for the same sample of the same epoch whatever the world size, the number of
-  DataLoader workers, or a resume in between; torchvision's transforms included.
-  `sample_generator()` gives an explicit torch.Generator seeded the same way. (Seeding costs tens
-  of microseconds a sample, so it is done where a data set asks for it, not for every sample.)
-  `sample_seeds` is `sample_seed` of many indices at once, on their device (augment.py's draws).
-- Model: dropout and other randomness in the forward draw from each rank's global generators,
-  whose states every checkpoint holds (engine/distributed/generators.py).
-"""
+"""Randomness that resumes bit-exactly: a sample's draws from its key (seed, epoch, index), known to the
+data set while the loader builds the sample, whatever the world size, the workers or a resume in between
+(docs/checkpoints.md, "Randomness that resumes exactly")."""
 
 from __future__ import annotations
 
@@ -65,7 +55,7 @@ def current_sample() -> tuple[int, int, int]:
 
 
 def sample_generator(device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch.Generator seeded from the current sample's (seed, epoch, index)."""
+    """A torch.Generator seeded from the current sample's key."""
     return torch.Generator(device).manual_seed(sample_seed(*current_sample()) & (MASK64 >> 1))
 
 
@@ -81,8 +71,8 @@ def building_sample(seed: int, epoch: int, index: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def seeded_by_sample() -> Iterator[None]:
-    """Inside a data set's __getitem__: the global generators seeded from the current sample's
-    key for the block, their states put back afterwards."""
+    """Inside a data set's __getitem__: torch's, Python's and NumPy's global generators seeded from the
+    current sample's key for the block, their states put back afterwards."""
     draw = sample_seed(*current_sample())
     python_state, numpy_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):

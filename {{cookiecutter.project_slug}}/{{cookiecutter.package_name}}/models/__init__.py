@@ -1,9 +1,5 @@
-"""The project's own models: a small CNN for quick image runs, and those of the modules beside this one,
-each with its `BUILDABLE` tuple, found by what is present.
-
-Any other model is a `configs/model/*.yaml` file whose `_target_` returns an nn.Module
-(torchvision's by `_target_: torchvision.models.resnet18`, a user's own by its import path).
-"""
+"""The project's own models, and those of the modules beside this one (each its `BUILDABLE`). Any other
+model is a `configs/model/*.yaml` whose `_target_` returns an nn.Module (`torchvision.models.resnet18`)."""
 
 from __future__ import annotations
 
@@ -40,10 +36,8 @@ class SmallCNN(nn.Sequential):
 
 
 class MixtureOfExperts(nn.Module):
-    """An example of a model that returns (logits, aux): a classifier of flattened inputs through `experts`
-    MLPs mixed by a softmax gate, and the gate's load-balance term (1 where every expert is used
-    equally, up to `experts` where one takes everything: experts times the sum of the squared mean
-    gate weights), which tasks.ClassificationWithAux adds to the loss."""
+    """A model that returns (logits, aux): `experts` MLPs mixed by a softmax gate, and the gate's load-balance
+    term (1 where the experts are used equally, up to `experts` where one takes all): tasks.ClassificationWithAux."""
 
     def __init__(self, in_features: int, num_classes: int, experts: int = 4, width: int = 64) -> None:
         super().__init__()
@@ -66,13 +60,10 @@ def count_parameters(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-# What a checkpoint's config may build (engine/checkpoint/trust.py): a model of yours here, named by no config
-# file, is added to it (or a module of yours beside this one, with a BUILDABLE of its own); anything of the
-# package not listed is refused.
+# What a checkpoint's config may build (engine/checkpoint/trust.py): add yours here, or a module's BUILDABLE.
 BUILDABLE = (SmallCNN, MixtureOfExperts, *buildable_beside(__name__, __path__))
 
 
 def __getattr__(name: str) -> Any:
-    """`models.<Name>`: the name configs, saved checkpoints and imports give what a module beside this one
-    defines."""
+    """`models.<Name>`: what a module beside this one defines, by the name configs and checkpoints give."""
     return defined_beside(__name__, __path__, name)

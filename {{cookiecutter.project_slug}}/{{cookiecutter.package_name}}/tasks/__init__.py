@@ -1,34 +1,6 @@
-"""Tasks: what a batch's loss is and what evaluation reports.
-
-A task is any object with two methods, chosen by `task._target_`:
-
-- `loss(outputs, targets)`: either one loss per sample, shape (batch,), which training weights
-  (padding of the last, short batch has weight 0) and averages over exactly the step's real samples;
-  or a pair `(total, count)`: the loss summed over the micro-batch's items (tokens, pairs, anything)
-  and how many items it covers. The step's gradient is then that of the sum of every micro-batch's
-  total over the sum of every count, over the step's whole global batch (every micro-batch of every
-  rank), at any world size and trainer.grad_accum_steps (engine/trainer.py, StepRunner).
-- `metrics(outputs, targets)`: a dict by name of per-sample values, each of shape (batch,), or of
-  `(total, count)` pairs. Evaluation sums the values (or the totals, and the counts) in float64 over
-  the whole set, across ranks, and divides by the number of samples (or the sum of the counts): the
-  figures equal a one-process evaluation's at any world size. They are reported as `val_<name>`; the
-  first one (by convention `loss`) is the validation loss.
-- optionally `summarise(means)`: the figures reported, from those means (a ratio of two sums over the
-  whole set: bits per byte, from the loss and the bytes per token); without it, the means are the figures.
-- optionally, metrics of the whole set at once (AUROC, macro-F1, a confusion matrix): `epoch_outputs` (per
-  sample, gathered in sample order) and/or `epoch_sums` (counts, summed exactly) of (outputs, targets), which
-  `epoch_metrics(epoch)` turns into figures and tables (engine/evaluate.py; docs/tasks.md, "Over the whole set").
-
-Outputs are what the model returns; targets what the data set's items carry after the input.
-
-A loss over the whole batch at once (contrastive, with the other samples as negatives) gathers what
-it compares across the ranks with `gather_with_grad` (InfoNCE below); a term the model returns beside
-its outputs (a mixture of experts' balance term) is added to the total (ClassificationWithAux below).
-docs/tasks.md says what "exact" means for each form.
-
-Optionally, what predict.py saves of the outputs: `predict(outputs, kind)` returns a tensor whose first
-dimension is the batch's, and `predictions` names the kinds it takes (`predict_as=<kind>`), the first
-one the default. A task without them has the model's outputs saved as they are (a tensor).
+"""Tasks: what a batch's loss is and what evaluation reports. A task (`task._target_`) has `loss` and `metrics`
+(Task); optionally `summarise`, `epoch_outputs`, `epoch_sums`, `epoch_metrics` (figures of the whole set), and
+`predict(outputs, kind)` with `predictions` (what predict.py saves). docs/tasks.md says what each form means.
 """
 
 from __future__ import annotations
@@ -48,16 +20,13 @@ from ..common.registry import buildable_beside, defined_beside
 
 @runtime_checkable
 class Task(Protocol):
-    """What `task._target_` builds: the two methods above. Any object that has them is a task."""
+    """What `task._target_` builds: any object with these two methods."""
 
     def loss(self, outputs: Any, targets: Any) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """One loss per sample, shape (batch,); or (total, count): the items' summed loss and their number."""
-        ...
 
     def metrics(self, outputs: Any, targets: Any) -> dict[str, Any]:
-        """Per-sample values by name, each of shape (batch,), or (total, count) pairs; the first is the
-        validation loss."""
-        ...
+        """Per-sample values (batch,) or (total, count) pairs by name; the first is the validation loss."""
 
 
 class Classification:
@@ -90,9 +59,6 @@ class Classification:
 IGNORE = -100  # a target position that is padding (pad_windows): no loss, not counted
 
 
-# --- a loss over the whole batch: the other samples of every rank as negatives
-
-
 class Gathered(NamedTuple):
     """What gather_with_grad returns: every rank's rows, in rank order."""
 
@@ -106,8 +72,7 @@ _weights: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("
 
 @contextlib.contextmanager
 def sample_weights(weights: torch.Tensor) -> Iterator[None]:
-    """The micro-batch's sample weights (0: padding), as the step runner sets them for its loss: what
-    gather_with_grad marks as real."""
+    """The micro-batch's sample weights (0: padding), set by the step runner: what gather_with_grad marks real."""
     token = _weights.set(weights)
     try:
         yield
@@ -116,20 +81,12 @@ def sample_weights(weights: torch.Tensor) -> Iterator[None]:
 
 
 def gather_with_grad(tensor: torch.Tensor) -> Gathered:
-    """Every rank's `tensor` (its first dimension the micro-batch's samples; the ranks may hold
-    different numbers of them), concatenated in rank order, differentiable: the gradient that reaches
-    each rank's rows is the sum of what every rank's loss gives them. With it, a loss compares each
-    sample with the whole global micro-batch (in-batch negatives over all ranks), and the step's
-    gradient is that of one process computing the same loss over the same global micro-batch.
-
-    Every rank must call it at the same point of its loss (it is a collective: two all-gathers forward,
-    the first of the row counts, read back to the host; one all-reduce of the rows' gradient backward).
-    Without a process group (one process) it returns the tensor itself. `real` marks the sampler's
-    padding samples (False), to be left out of the loss."""
+    """Every rank's `tensor` (rows: its micro-batch's samples, any number per rank) in rank order, with the
+    gradient each rank's loss gives every row (docs/tasks.md, "Over the batch"). A collective: every rank
+    calls it at the same point of its loss. Without a process group, the tensor itself."""
     weights = _weights.get()
-    real = torch.ones(len(tensor), dtype=torch.bool, device=tensor.device)
-    if weights is not None:
-        real = weights.to(tensor.device) > 0
+    real = torch.ones(len(tensor), dtype=torch.bool, device=tensor.device) if weights is None else weights > 0
+    real = real.to(tensor.device)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return Gathered(tensor, real, 0)
     sizes = torch.tensor([len(tensor)], device=tensor.device)
@@ -147,9 +104,8 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        rank, longest = dist.get_rank(), max(counts)
-        ctx.counts, ctx.rank = counts, rank
-        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        ctx.counts, ctx.rank = counts, dist.get_rank()
+        padded = tensor.new_zeros((max(counts), *tensor.shape[1:]))
         padded[: len(tensor)] = tensor
         parts = [torch.empty_like(padded) for _ in counts]
         dist.all_gather(parts, padded.contiguous())
@@ -164,16 +120,9 @@ class _GatherRows(torch.autograd.Function):
 
 
 class InfoNCE:
-    """A contrastive loss with in-batch negatives over the global micro-batch (an example to adapt).
-
-    The model returns two embeddings per sample, (queries, keys), each (batch, dim): two views of one
-    item, an image and its caption. Each query's positive is its own key; every other key of every
-    rank's micro-batch is a negative (gather_with_grad). The loss is the cross-entropy of the cosine
-    similarities over `temperature`, summed over the real queries: a pair (total, count), so the step's
-    loss is the mean over every query of the global batch. Targets are not used. Metrics: the same
-    loss, with the evaluation batch's own negatives on each rank (evaluation does not gather), and
-    the accuracy of picking the positive among them.
-    """
+    """A contrastive loss with in-batch negatives over the global micro-batch (an example to adapt;
+    docs/tasks.md): the model returns (queries, keys); each query's positive is its own key, every other
+    key of every rank a negative. Evaluation does not gather: each batch's own negatives."""
 
     def __init__(self, temperature: float = 0.1) -> None:
         self.temperature = temperature
@@ -197,18 +146,9 @@ class InfoNCE:
                 "acc": (logits.argmax(dim=1) == positives).float()}  # fmt: skip
 
 
-# --- an auxiliary term the model returns
-
-
 class ClassificationWithAux(Classification):
-    """Classification of a model that returns (logits, aux): aux a scalar term of its own (a mixture of
-    experts' load balance, a regulariser; models.MixtureOfExperts), added to the loss with `aux_weight`.
-
-    The loss is a pair: the cross-entropy summed over the micro-batch's samples plus aux_weight * aux
-    times their number, over that number: the step's loss is the mean cross-entropy over the global
-    batch plus aux_weight times the mean of each micro-batch's aux weighted by its samples. Metrics,
-    predictions: Classification's, of the logits (val_aux: the term's mean over the set).
-    """
+    """Classification of a model that returns (logits, aux), aux a scalar term of its own (models.MixtureOfExperts)
+    added to the loss with `aux_weight`, as a pair (docs/tasks.md, "Auxiliary terms"); val_aux its mean."""
 
     def __init__(self, aux_weight: float = 0.01) -> None:
         self.aux_weight = aux_weight
@@ -239,13 +179,10 @@ def predicted(logits: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
     return logits.argmax(dim=dim)
 
 
-# What a checkpoint's config may build (engine/checkpoint/trust.py): a task of yours here, named by no config
-# file, is added to it (or a module of yours beside this one, with a BUILDABLE of its own); anything of the
-# package not listed is refused. The tasks of the modules beside this one are found there, by what is present.
+# What a checkpoint's config may build (engine/checkpoint/trust.py): add yours here, or a module's BUILDABLE.
 BUILDABLE = (Classification, InfoNCE, ClassificationWithAux, *buildable_beside(__name__, __path__))
 
 
 def __getattr__(name: str) -> Any:
-    """`tasks.<Name>`: the name configs, saved checkpoints and imports give what a module beside this one
-    defines."""
+    """`tasks.<Name>`: what a module beside this one defines, by the name configs and checkpoints give."""
     return defined_beside(__name__, __path__, name)

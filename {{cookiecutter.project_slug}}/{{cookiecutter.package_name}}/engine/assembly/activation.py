@@ -1,11 +1,5 @@
-"""trainer.activation_checkpointing: the repeated blocks' activations are recomputed in the backward
-instead of kept from the forward: less memory for activations, about one more forward of time.
-
-The blocks are engine/blocks.py's: the classes config/strategies.py's BLOCKS key names (where the project
-has a sharding strategy, the blocks it shards), else the model's repeated units. Applied to the
-plain model before the strategy spreads it; parameter names do not change, so checkpoints with
-and without it are interchangeable. The recomputation replays each block's random draws (dropout).
-"""
+"""trainer.activation_checkpointing: the repeated blocks' activations recomputed in the backward (docs/recipe.md).
+Applied to the plain model before the strategy spreads it; parameter names do not change."""
 
 from __future__ import annotations
 
@@ -20,8 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_activations(model: nn.Module, block_names: list[str], key: str = "") -> list[nn.Module]:
-    """Recompute each block's activations in the backward (torch's composable checkpoint); the blocks.
-    `key`: the setting that names the blocks' classes (`block_names`), where the project has one."""
+    """Recompute each block's activations in the backward; the blocks. `key`: the setting naming their classes."""
     from torch.distributed._composable import checkpoint
 
     blocks = find_blocks(model, block_names, key)

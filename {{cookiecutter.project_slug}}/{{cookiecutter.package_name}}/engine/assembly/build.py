@@ -1,5 +1,4 @@
-"""Everything the training loop needs, built from the config, then resumed from a checkpoint when
-the run dir (or checkpoint.resume) holds one."""
+"""Everything the training loop needs, built from the config, then resumed from a checkpoint where there is one."""
 
 from __future__ import annotations
 
@@ -44,13 +43,8 @@ log = logging.getLogger(__name__)
 
 
 def use_deterministic_kernels(enabled: bool) -> None:
-    """trainer.deterministic: the GPU kernels that make a resume bit-exact there.
-
-    CPU results are bit-exact without it (the launch scripts set MKL_CBWR). On GPUs, atomics in
-    some kernels, cuBLAS's workspace choice and cuDNN's benchmark-picked algorithms vary from run
-    to run; this turns all three off. Call before the first cuBLAS use: it reads the workspace
-    setting when it creates its handle.
-    """
+    """trainer.deterministic: the GPU kernels that make a resume bit-exact there (docs/checkpoints.md). Call
+    before the first cuBLAS use: it reads the workspace setting when it creates its handle."""
     if not enabled:
         return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -61,8 +55,7 @@ def use_deterministic_kernels(enabled: bool) -> None:
 def prepare_model(
     config: TrainConfig, env: DistEnv, strategy: Strategy, has_checkpoint: bool = False, built: nn.Module | None = None
 ) -> nn.Module:
-    """The configured model (from model.init_from's weights where a new run asks) on this rank's device,
-    its blocks recomputed in the backward if asked, in its memory layout, as the strategy holds it.
+    """The configured model (with model.init_from's weights), on this rank's device, as the strategy holds it.
     `built`: the model the start's checks built from the same seed, taken instead of building another."""
     if built is None:
         torch.manual_seed(config.seed)  # as the checks seed it: the same weights on every rank, whoever built them
@@ -94,9 +87,7 @@ def build_ema(config: TrainConfig, model: nn.Module) -> EMA | NoEMA:
 
 
 def allow_frozen_parameters(config: TrainConfig, callbacks: Callbacks) -> None:
-    """A callback that freezes parameters (`freezes_parameters = True`) under ddp: DDP's reducer waits for a
-    gradient of every parameter it was built with, so it is told to find the unused ones after each forward
-    (ddp.find_unused_parameters: one walk of the autograd graph per step). The other strategies need nothing."""
+    """A callback that `freezes_parameters` under ddp turns ddp.find_unused_parameters on (docs/callbacks.md)."""
     freezing = [name for name, cb in callbacks.named.items() if getattr(cb, "freezes_parameters", False)]
     if freezing and config.strategy == "ddp" and not config.ddp.find_unused_parameters:
         log.info("callbacks.%s freezes parameters: ddp.find_unused_parameters=true", freezing[0])
@@ -104,9 +95,7 @@ def allow_frozen_parameters(config: TrainConfig, callbacks: Callbacks) -> None:
 
 
 def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built | None = None) -> Trainer:
-    """Everything the loop needs, in order, resumed from a checkpoint when there is one. `built`: what this
-    process's start checks built and read (checks.py), taken as it is: the model and the task are built
-    once, and the checkpoint resumed from read once."""
+    """Everything the loop needs, in order, resumed where there is a checkpoint; `built`: the checks' (checks.py)."""
     torch.manual_seed(config.seed)
     use_deterministic_kernels(config.trainer.deterministic)
     apply_global_batch(config, env.world_size)  # data.global_batch_size: the batch and accumulation of this world
@@ -147,8 +136,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
     checkpoints = CheckpointManager(
         folder, config.checkpoint, env, strategy, owners, plain_config, config.trainer.epochs, run_dir
     )
-    if built is not None and built.resume_read:
-        checkpoints.found_at_start = [built.resume]  # read by the checks: not read again
+    if built is not None:  # check_launch looked for the checkpoint: not read again
+        checkpoints.found_at_start = [built.resume]
     trainer = Trainer(
         config=config,
         env=env,

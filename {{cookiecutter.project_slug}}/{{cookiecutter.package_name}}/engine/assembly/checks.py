@@ -1,12 +1,6 @@
-"""What a launch checks before any work, so that a mistake fails once, with one line, not in every
-worker and every restart: the config, the backend for this many processes and GPUs, what the strategy
-and the sinks need, the model, data sets, optimizer and task (built, and one batch run through them),
-room on disk for checkpoints, the checkpoint the run dir would resume from, and room in memory for
-this node's processes, and a data.global_batch_size this world size divides. Nothing is written.
-
-A worker runs them as it starts, before the process group forms (engine/assembly/entry.py): under the
-launcher only each node's local rank 0, whose failure the launcher says in one line and stops the
-job on; without it, every rank.
+"""What a worker checks as it starts, before the process group forms, so that a mistake fails once, in one
+line (docs/troubleshooting.md, "Before any work"): under the launcher each node's local rank 0, without it
+every rank (entry.py). Nothing is written.
 """
 
 from __future__ import annotations
@@ -40,22 +34,19 @@ from .components import build_datasets, build_model, build_optimizer, build_task
 
 @dataclass
 class Built:
-    """What the checks built and read, handed to the trainer (build.py): this process builds the model and
-    the task once, and reads the checkpoint it resumes from once. Not the data sets: the check has read
-    items of them, and what a first read opens (a file handle, an S3 client's event loop) is not for the
-    DataLoader workers forked later; the loaders get sets built afresh (engine/data/loader.py)."""
+    """What the checks built and read, handed to the trainer (build.py) so that each is built or read once.
+    Not the data sets: what a first read opens (a file handle, an S3 client's event loop) is not for the
+    DataLoader workers forked later."""
 
     model: torch.nn.Module  # freshly initialised from the seed, on the CPU
     task: Any
     resume: tuple[Path, dict[str, Any]] | None = None  # the checkpoint found (None: none)
-    resume_read: bool = False  # whether `resume` was looked for
 
 
 def check_launch(
     config: TrainConfig, run_dir: Path | None, env: DistEnv, choice: BackendChoice, plain: dict[str, Any] | None = None
 ) -> Built:
-    """Every check above, for a job of `env`'s shape on this node's devices; what they built and read.
-    `plain`: the config as to_plain_dict gives it, where the caller has it already."""
+    """Every check for a job of `env`'s shape; what they built and read. `plain`: to_plain_dict(config), if at hand."""
     apply_global_batch(config, env.world_size)  # a global batch this world size does not divide: one line
     build_strategy(config, env).check(choice.use_cuda)
     check_sinks(config.log)
@@ -66,7 +57,7 @@ def check_launch(
     checkpoints = Checkpointer(folder, config.checkpoint, is_writer=False, fetches=True)
     checkpoints.check_owner(run_dir)  # checkpoint.dir: another run's is refused (writer.py)
     checkpoints.refuse_to_overwrite()
-    built.resume, built.resume_read = checkpoints.find_resume_payload(), True
+    built.resume = checkpoints.find_resume_payload()
     check_resume(built.resume, plain or to_plain_dict(config), config.trainer.epochs)
     return built
 
@@ -76,8 +67,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def check_memory(env: DistEnv, on_gpus: bool, weights: int) -> None:
-    """This node's processes must fit in its memory: each about what building the model and running a
-    batch took this one, with gradients and up to two optimizer states more."""
+    """This node's processes must fit in its memory: each this one's peak, plus gradients and two optimizer states."""
     per_process = peak_rss() + 3 * weights
     measured = "the first worker's model and batch took"
     if refusal := check_processes_fit(env.local_world_size, per_process, on_gpus, available_memory(), measured):
@@ -85,8 +75,7 @@ def check_memory(env: DistEnv, on_gpus: bool, weights: int) -> None:
 
 
 def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
-    """The run dir must be writable, with room for a checkpoint and the one being written: the
-    weights and up to two optimizer states each (Adam's), twice."""
+    """The run dir must be writable, with room for two checkpoints (the weights and two optimizer states each)."""
     existing = next(folder for folder in (run_dir, *run_dir.resolve().parents) if folder.exists())
     if not os.access(existing, os.W_OK):
         raise ConfigError(f"{existing} is not writable, and the run dir {run_dir} must be: give another RUN_DIR")
@@ -100,8 +89,7 @@ def check_room_for_checkpoints(run_dir: Path, model: torch.nn.Module) -> None:
 
 
 def check_components(config: TrainConfig) -> Built:
-    """Build everything once, before any process starts, and run one small batch through the
-    model and the task: a mistake in any of them becomes one line here, not a failure per rank."""
+    """Build everything and run one batch through the model and the task: a mistake is one line, not one per rank."""
     train, val = build_datasets(config.data.dataset)
     check_datasets(config.data, (train, val))
     torch.manual_seed(config.seed)  # the weights build.py would initialise (nothing before it draws)
@@ -157,8 +145,7 @@ def check_components(config: TrainConfig) -> Built:
 
 
 def check_count(count: Any, said: str) -> None:
-    """A pair's count is summed with the other batches' into one number (the log line's, the validation's): a
-    scalar, a 0-d tensor or a plain number; a tensor of one element, shape (1,), fails there mid-run."""
+    """A pair's count is summed with the other batches' into one number: a tensor of shape (1,) fails mid-run."""
     if isinstance(count, torch.Tensor) and count.dim() != 0:
         raise ConfigError(
             f"{said} returned a count of shape {tuple(count.shape)}: a pair's count must be a scalar, a 0-d tensor "

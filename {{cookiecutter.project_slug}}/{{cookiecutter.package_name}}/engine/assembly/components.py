@@ -1,11 +1,5 @@
-"""The open seam: the model, data sets, optimizer and task built from their config's `_target_`.
-
-A config node `{_target_: module.callable, key: value, ...}` is built by calling the callable
-with the keys as keyword arguments (Hydra's `instantiate`, through config/targets.py), so a user's
-own model, data set or task is a yaml file and no change here. Every failure (a target that does not
-import, wrong arguments, something of the wrong kind returned) becomes one ConfigError line naming the
-key. The data sets' builder is the data path's (engine/data/loader.py's build_datasets).
-"""
+"""The open seam: the model, optimizer and task built from their config's `_target_` (config/targets.py), each
+checked to be of its kind, in one ConfigError line naming the key; the observe/ modules a run consults."""
 
 from __future__ import annotations
 
@@ -26,8 +20,7 @@ from ..data.loader import build_datasets  # noqa: F401
 
 
 def build_model(config: Mapping[str, Any]) -> nn.Module:
-    """A freshly initialised model (initialisation follows torch's global seed); `model.init_from`
-    is the project's key, not the model's (init_weights.py reads it)."""
+    """A freshly initialised model (from torch's global seed); `model.init_from` is the project's key."""
     model = build({key: value for key, value in config.items() if key != "init_from"}, "model")
     if not isinstance(model, nn.Module):
         raise ConfigError(
@@ -36,11 +29,8 @@ def build_model(config: Mapping[str, Any]) -> nn.Module:
     return model
 
 
-# No weight decay on biases and normalisation weights, as is customary.
-
-
 def build_optimizer(config: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
-    """Any torch.optim class (or the user's own) from `optim._target_`, over the model's parameters."""
+    """`optim._target_` over the model's parameters; no weight decay on biases and normalisation weights."""
     options = dict(config)
     weight_decay = options.pop("weight_decay", 0.0)
     groups = [
@@ -69,8 +59,7 @@ def build_task(config: Mapping[str, Any]) -> Any:
 
 
 def offered_keys() -> tuple[str, ...]:
-    """What the project's task configs offer the task beside its own arguments (a prepared data set's
-    folder): each task module's `OFFERED`, by what is present."""
+    """The keys task configs offer beside the task's own arguments: each task module's `OFFERED`."""
     from ... import tasks
 
     found = modules_with(tasks.__name__, tasks.__path__, "OFFERED")
@@ -78,24 +67,20 @@ def offered_keys() -> tuple[str, ...]:
 
 
 def run_records() -> tuple[ModuleType, ...]:
-    """What records each start of a run, where the project keeps such a record: each module of observe/ with a
-    `RUN_RECORD` (a checkpoint owner's class: `start(run_dir, env)` on every rank, its `params()` for the
-    trackers), a `describe(payload)` (eval's line on a checkpoint) and a `write_export_record(checkpoint,
-    payload, out, line)` (its file beside an export), by what is present."""
+    """The modules of observe/ that record each start of a run: a `RUN_RECORD` (a checkpoint owner's class:
+    `start(run_dir, env)`, `params()`), `describe(payload)`, `write_export_record(checkpoint, payload, out, line)`."""
     return observe_modules("RUN_RECORD")
 
 
 def observe_modules(name: str) -> tuple[ModuleType, ...]:
-    """The modules of observe/ that define `name` (a capability's: run_records; build_watch, the trainer's
-    diagnostics around the loop, engine/trainer.py's Watch), those the project has, in name order."""
+    """The modules of observe/ the project has that define `name`, in name order."""
     from ... import observe
 
     return tuple(module for module in modules_with(observe.__name__, observe.__path__, name) if hasattr(module, name))
 
 
 def offered_only(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The task's node without the offered keys its callable does not take: a task of your own under
-    a project's task config is built as it was before the offer."""
+    """The task's node without the offered keys its callable does not take."""
     node = dict(config)
     offered = [key for key in offered_keys() if key in node]
     if not offered:

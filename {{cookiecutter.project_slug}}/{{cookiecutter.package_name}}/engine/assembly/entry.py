@@ -1,9 +1,7 @@
 """What train.py, eval.py and predict.py hand their config to: checks, process group, logging, errors.
 
-User mistakes (ConfigError) end as one line (exit code 2, no traceback) before any process group
-exists; under the launcher they reach it through its control dir, and it stops the job and says
-them once. Errors no restart can fix (JobError) stop the job once too. Any other exception
-propagates, after the process group is destroyed, so torchrun sees the failed worker.
+A ConfigError ends as one line, exit code 2 (under the launcher through its control dir: it stops the job
+and says it once); a JobError stops the job once too; any other exception propagates, so torchrun sees it.
 """
 
 from __future__ import annotations
@@ -57,18 +55,15 @@ LAUNCHER_SWEEP = f"{__package__.split('.')[0]}.launch.sweep"  # -m of the launch
 
 
 def accept_legacy_local_rank(argv: list[str]) -> None:
-    """Drop the `--local-rank=N` / `--local_rank N` that torch.distributed.launch appends.
-
-    Hydra's parser rejects it; torchrun already puts the same number in LOCAL_RANK.
-    """
+    """Drop the `--local-rank=N` / `--local_rank N` that torch.distributed.launch appends (Hydra rejects it)."""
     kept: list[str] = []
     args = iter(argv[1:])
     for arg in args:
         name, has_value, value = arg.partition("=")
-        if name in ("--local-rank", "--local_rank"):
+        if name in ("--local-rank", "--local_rank"):  # torchrun puts the same number in LOCAL_RANK
             os.environ.setdefault("LOCAL_RANK", value if has_value else next(args, "0"))
-            continue
-        kept.append(arg)
+        else:
+            kept.append(arg)
     argv[1:] = kept
 
 
@@ -88,10 +83,8 @@ def prepare(argv: list[str]) -> None:
 
 
 class WholeErrorFile(errors.ErrorHandler):
-    """torchrun's error handler, whose error file is whole or absent. After a first failed worker,
-    torchrun's agent SIGTERMs the others and reads their error files too (torch 2.14's
-    SubprocessContext._poll): a rank ended by that signal in the middle of writing its own left a
-    cut file, and the agent died of a JSONDecodeError instead of naming the rank that failed."""
+    """torchrun's error handler, whose error file is whole or absent: the agent reads the files of the ranks it
+    SIGTERMs after a failure too, and a cut one killed it with a JSONDecodeError (torch 2.14)."""
 
     def record_exception(self, e: BaseException) -> None:
         file = self._get_error_file_path()
@@ -106,8 +99,7 @@ class WholeErrorFile(errors.ErrorHandler):
 
 
 def record(main: Callable[..., None]) -> Callable[..., None]:
-    """torchrun's @record (a real bug: its failure summary names the rank and shows its traceback),
-    with the error file written whole or not at all."""
+    """torchrun's @record (its failure summary names the rank), the error file written whole or not at all."""
     return errors.record(main, error_handler=WholeErrorFile())
 
 
@@ -123,15 +115,13 @@ def reporting_user_errors(body: Callable[[], None]) -> None:
         stop_job(error)
     except Exception:
         if os.environ.get(CONTROL_DIR_ENV) and read_marker(None, FAILED_MARKER) is not None:
-            # Another rank stopped the job (its one line is in the launcher's control dir, fresh each
-            # launch); this rank's error is the echo of it (a peer gone from a collective): no traceback.
+            # Another rank stopped the job (its line is in this launch's control dir): this error echoes it.
             os._exit(0)
         raise
 
 
 def refuse(error: ConfigError, tell: bool = True) -> NoReturn:
-    """A user's mistake: under the launcher, its one line to the launcher (which stops the job and
-    says it once, exit code 2), and to the other nodes unless it came from one (`tell`); else said here."""
+    """A user's mistake: its line to the launcher and (`tell`) the other nodes; without a launcher, said here."""
     said = f"{error}\n{USER_ERROR_EXIT}\n{REFUSED}\n"
     if os.environ.get(CONTROL_DIR_ENV) and tell:
         tell_the_other_nodes(str(error))
@@ -142,11 +132,8 @@ def refuse(error: ConfigError, tell: bool = True) -> NoReturn:
 
 
 def stop_job(error: JobError) -> NoReturn:
-    """An error no restart can fix: the traceback to this rank's log file, the one line and the exit
-    code to FAILED_MARKER for the launcher (which stops the whole job and prints it), and exit 0 so
-    that torchrun does not restart the workers."""
-    message = str(error).strip().splitlines()[-1]
-    message = message.split("JobError: ", 1)[-1]  # raised in a DataLoader worker: its last line is ours
+    """An error no restart can fix: its line and exit code to the launcher, exit 0 so torchrun restarts nothing."""
+    message = str(error).strip().splitlines()[-1].split("JobError: ", 1)[-1]  # a DataLoader worker's: its last line
     log.error("stopping: %s", message, exc_info=error, extra={"file_only": True})
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if not write_marker(run_dir, FAILED_MARKER, f"{message}\n{error.exit_code}\n"):
@@ -171,9 +158,8 @@ def run_train(cfg: DictConfig) -> None:
         else:  # while this node's local rank 0 checks: its imports, not after the group formed
             import_targets([config.model, config.data.dataset, config.task, config.optim, config.data.collate])
         keep_ddp_working_on_gloo(choice.backend)  # where DEBUG=1 asked for DETAIL
-        group_of_one = strategy_class(config.strategy).needs_group_of_one
         on_refused = (lambda line: refuse(ConfigError(line), tell=False)) if os.environ.get(CONTROL_DIR_ENV) else None
-        with distributed(config.dist, group_of_one, on_refused) as env:
+        with distributed(config.dist, strategy_class(config.strategy).needs_group_of_one, on_refused) as env:
             setup_logging(run_dir, env, config.log.all_ranks_console)
             log.info("run dir: %s", run_dir)
             check_same_config_everywhere(plain, env)
@@ -188,10 +174,8 @@ def run_train(cfg: DictConfig) -> None:
 def checkpoint_config(
     cfg: DictConfig, config_name: str, components: bool = True
 ) -> tuple[Path, dict[str, Any], TrainConfig]:
-    """What eval.py, predict.py and the other commands on a checkpoint start from: the checkpoint `ckpt_path`
-    names (`best`: keep_best's), its saved config checked by the trust rule before anything is built, then composed with
-    the user's overrides on the command's own yaml (`config_name`) and, with `components`, checked whole,
-    the data set's paths included (a command that reads no data set: without `components`)."""
+    """The checkpoint `ckpt_path` names (`best`: keep_best's), its config checked by the trust rule and composed
+    with the user's overrides on `config_name`'s yaml; with `components`, checked whole, the data set's paths too."""
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise ConfigError("ckpt_path is required: give ckpt_path=<run>/checkpoints/step_<N>.pt (or step_<N>/, best)")
     path = Path(local_path(str(cfg.ckpt_path), "ckpt_path"))
@@ -219,8 +203,7 @@ def checkpoint_config(
 
 
 def checkpoint_model(path: Path, payload: dict[str, Any], config: TrainConfig, device: torch.device) -> nn.Module:
-    """The checkpoint's model on `device`, with its weights (the EMA's where the run kept one, as its
-    validation scored), whatever strategy wrote them: every rank reads the whole weights."""
+    """The checkpoint's model on `device`, with its whole weights (the EMA's where the run kept one)."""
     model = build_model(config.model)
     load_weights(path, model, payload)
     if has_ema(path, payload):

@@ -1,15 +1,5 @@
-"""model.init_from: a new run starts from weights (fine-tuning), not from a random initialisation.
-
-The file is another run's checkpoint (`step_<N>.pt`, or a folder of shards `step_<N>/`), an export
-(export.py, `.pt` or `.safetensors`), any safetensors file, a plain state_dict such as
-torchvision's (`{"state_dict": ...}` and DDP's `module.` prefix are unwrapped), or a folder of another
-library's format that a module of checkpoint/ reads (checkpoint/weights.py). Weights only: the
-optimizer, the schedule and the data position start afresh. Rank 0 reads it and the others receive
-it through the process group (no shared file system needed), before the strategy spreads the model.
-A tensor whose shape differs (a new head) keeps its fresh initialisation; those, and the names on
-one side only, are said in one line. Once the run has checkpoints of its own it resumes them
-(checkpoint/manager.py), and the weights file is not read.
-"""
+"""model.init_from: a new run starts from weights (docs/recipe.md, "Fine-tuning from weights"), also a folder
+of a format a module of checkpoint/ reads (checkpoint/weights.py). Rank 0 reads it, the others receive it."""
 
 from __future__ import annotations
 
@@ -34,16 +24,19 @@ SHOWN = 4  # names per kind in the one line
 
 
 def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None) -> dict[str, torch.Tensor]:
-    """The model weights a file or a folder of shards holds, as whole CPU tensors. A run's checkpoint
-    whose config names code outside the project is refused unless `trust` (checkpoint/trust.py). A
-    folder of another format is checked against `model` by the module that reads it."""
+    """The model weights a file or a folder of shards holds, as whole CPU tensors; a checkpoint's config by the
+    trust rule (checkpoint/trust.py). A folder of another format is checked against `model` by its reader."""
     if not path.exists():
         raise ConfigError(f"model.init_from={path}: no such file or folder; give a weights file or a run's checkpoint")
     for form in weight_formats().values() if model is not None else ():  # another format's folder
         if form.takes(path):
             return form.read(path, model)
     if path.is_dir():
-        check_folder_trusted(path / TRAINER_FILE, trust)
+        if (path / TRAINER_FILE).is_file() and not trust:  # the folder's config, in its trainer.pt
+            try:
+                check_trusted(saved_config(load_checkpoint(path / TRAINER_FILE)), trust, "trust_checkpoint=true")
+            except NotACheckpoint as error:
+                raise ConfigError(f"model.init_from: {error}") from None
         reader = shards_reader(path)
         try:
             whole = reader.read_whole(path)
@@ -51,8 +44,12 @@ def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None
         except Exception as error:
             raise ConfigError(f"model.init_from={path}: not a folder of shards that loads ({error})"[:300]) from None
     try:
-        safetensors = path.suffix == ".safetensors"
-        payload: Any = load_safetensors(path) if safetensors else torch.load(path, "cpu", weights_only=True)
+        if path.suffix == ".safetensors":  # tensors only, nothing to unpickle
+            from safetensors.torch import load_file
+
+            payload: Any = load_file(path, device="cpu")
+        else:
+            payload = torch.load(path, "cpu", weights_only=True)
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
         raise ConfigError(f"model.init_from={path} does not load as tensors and plain values ({first})") from None
@@ -68,26 +65,8 @@ def read_weights(path: Path, trust: bool = False, model: nn.Module | None = None
     return {unwrapped(name): value for name, value in payload.items() if isinstance(value, torch.Tensor)}
 
 
-def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file (the export's, Hugging Face's): tensors only, nothing to unpickle."""
-    from safetensors.torch import load_file
-
-    return load_file(path, device="cpu")
-
-
-def check_folder_trusted(trainer_file: Path, trust: bool) -> None:
-    """A folder of shards' config (in its trainer.pt) by the rule every checkpoint from elsewhere meets."""
-    if trainer_file.is_file() and not trust:
-        try:
-            payload = load_checkpoint(trainer_file)
-        except NotACheckpoint as error:
-            raise ConfigError(f"model.init_from: {error}") from None
-        check_trusted(saved_config(payload), trust, "trust_checkpoint=true")
-
-
 def with_average(weights: dict[str, torch.Tensor], average: dict | None, path: Path) -> dict[str, torch.Tensor]:
-    """A run that kept an EMA of its weights (trainer.ema) validated, evaluates and exports the average:
-    its parameters are the ones taken (the buffers stay the model's), and the log says so."""
+    """The EMA's parameters over the weights where the run kept one (trainer.ema), as its validation used."""
     if not average:
         return weights
     log.info("model.init_from=%s kept an EMA of its weights (trainer.ema): the average is taken, as its "
@@ -132,9 +111,8 @@ def fit_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> str:
 
 
 def initialise_from(model: nn.Module, source: str, env: DistEnv, has_checkpoint: bool, trust: bool = False) -> None:
-    """model.init_from into the plain model on every rank, unless rank 0 sees the run's own checkpoint
-    (then the resume loads everything; a rank without one receives the checkpoint itself). A file that
-    does not load is every rank's ConfigError, not rank 0's alone (the others would wait for it)."""
+    """model.init_from into the plain model on every rank, unless rank 0 sees the run's own checkpoint (the
+    resume loads it). A file that does not load is every rank's ConfigError: the others would wait for it."""
     data = b""
     if env.is_main and not has_checkpoint:
         try:
