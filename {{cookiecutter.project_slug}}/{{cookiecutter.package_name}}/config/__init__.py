@@ -7,13 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from .commands import PredictConfig
-from .compose import compose_for_checkpoint, let_group_keys_through, register_configs, to_plain_dict, to_train_config
+from .compose import (
+    CONFIG_GROUPS,
+    compose_for_checkpoint,
+    let_group_keys_through,
+    register_configs,
+    to_plain_dict,
+    to_train_config,
+)
 from .schema import (
     STRATEGY_SECTIONS,
     CheckpointConfig,
     DataConfig,
     DDPConfig,
     DistConfig,
+    EvalConfig,
     LogConfig,
     TrainConfig,
     TrainerConfig,
@@ -23,12 +31,14 @@ from .values import COMM_HOOKS, PRECISIONS, config_dir, require_choice
 
 __all__ = [
     "COMM_HOOKS",
+    "CONFIG_GROUPS",
     "PRECISIONS",
     "STRATEGY_SECTIONS",
     "CheckpointConfig",
     "DDPConfig",
     "DataConfig",
     "DistConfig",
+    "EvalConfig",
     "LogConfig",
     "PredictConfig",
     "TrainConfig",
