@@ -1,11 +1,9 @@
 """One plain weights file from any checkpoint of a run, a folder of shards or one file (ddp):
 `python -m <package>.export CHECKPOINT OUT.pt` (or `OUT.safetensors`), or `<package>-export ...` once installed.
 
-OUT holds the unwrapped model's state dict, tensors only: `model.load_state_dict(torch.load(OUT,
-weights_only=True))`, or `safetensors.torch.load_file(OUT)` for a `.safetensors` OUT, puts the trained
-weights into the model the run's config builds, without any of this project's code. One process, no
-process group: the shards are read whole. `--format` writes another format instead, where the project has one
-(engine/checkpoint/weights.py's weight_formats).
+OUT holds the unwrapped model's state dict, tensors only, read without this project's code (torch.load with
+weights_only, or safetensors). One process: shards are read whole. `--format` writes another format where the
+project has one (engine/checkpoint/weights.py's weight_formats).
 """
 
 from __future__ import annotations
@@ -27,10 +25,8 @@ from .engine.distributed.process_group import weights_fingerprint
 
 
 def export(checkpoint: Path, out: Path, trust: bool = False, form: str = "plain") -> str:
-    """Write the checkpoint's model weights to `out` (the EMA's, where the run kept one); their
-    fingerprint. `checkpoint` may be `<run dir>/checkpoints/best` (checkpoint.keep_best's best).
-    A checkpoint whose config names code outside the project is refused unless `trust` (trust.py). `form`:
-    "plain", or one of weight_formats()."""
+    """Write the checkpoint's model weights (the EMA's, where the run kept one) to `out`; the line that says so.
+    A config naming code outside the project is refused unless `trust`. `form`: "plain", or a weight_formats()."""
     if checkpoint.name == "best":
         checkpoint = best_checkpoint(checkpoint)
     if out.exists():
@@ -62,8 +58,8 @@ def export(checkpoint: Path, out: Path, trust: bool = False, form: str = "plain"
 
 
 def safetensors_writer(metadata: dict[str, str]) -> Callable[[dict[str, torch.Tensor], BinaryIO], None]:
-    """The weights as a safetensors file. Tied tensors (an embedding and a head that share weights) are written once
-    each, as copies: safetensors keeps no shared storage, and load_state_dict ties them again."""
+    """The weights as a safetensors file; tied tensors written as copies (safetensors keeps no shared storage, and
+    load_state_dict ties them again)."""
     from safetensors.torch import save
 
     def write(weights: dict[str, torch.Tensor], file: BinaryIO) -> None:

@@ -2,11 +2,8 @@
 `python -m {{ cookiecutter.package_name }}.predict ckpt_path=... out=FILE.pt [split=val|train] [predict_as=...]`,
 `torchrun -m {{ cookiecutter.package_name }}.predict ...`, or `{{ cookiecutter.package_name }}-predict ...` once installed.
 
-OUT holds `{"indices": (N,), "outputs": (N, ...)}`, tensors only, ordered by sample index, each sample
-once: `torch.load(OUT, weights_only=True)`. Each rank runs whole batches of the set (the batches of a
-one-process run, so each sample's output is computed in the same batch at any world size: the file is
-the same, bit for bit); the ranks gather the pieces and rank 0 writes the file. Outputs whose length
-varies (windows of different lengths, data.collate=pad_windows) are padded to the longest (write_predictions).
+OUT holds `{"indices": (N,), "outputs": (N, ...)}` (tensors only, in sample order), the same bit for bit at any
+world size: each rank runs whole batches of a one-process run. The file and its promises: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -93,10 +90,8 @@ def output_path(cfg: DictConfig) -> Path:
 
 
 def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out: Path) -> None:
-    """The model's outputs over the configured split, gathered from every rank; rank 0 writes `out`: checked
-    writable before the first batch. Outputs of different lengths (dimension 1, e.g. windows of different
-    lengths) are padded to the longest, integers with IGNORE (-100), floats with NaN, and `lengths` (N,) saved
-    beside them: `outputs[i, :lengths[i]]` are sample i's, its padding in its own batch also filled."""
+    """The model's outputs over the configured split, gathered from every rank; rank 0 writes `out` (checked
+    writable before the first batch), with `lengths` (N,) where outputs of different lengths were padded."""
     refuse_on_every_rank(writable(out) if env.is_main else "", env)
     task = build_task(config.task)
     kind = prediction_kind(task, config)
@@ -114,7 +109,7 @@ def write_predictions(model: nn.Module, config: PredictConfig, env: DistEnv, out
     pieces = all_gather_tensors(piece, env.device, keep=env.is_main)
     if env.is_main:
         whole = [piece for piece in pieces if len(piece["indices"])]  # a rank with no batch sends nothing
-        # The shards are contiguous and in rank order: joined so, the samples are in index order.
+        # The shards are contiguous and in rank order: the samples are in index order.
         indices = torch.cat([piece["indices"] for piece in whole])
         outputs, lengths = joined([piece["outputs"] for piece in whole], [piece["lengths"] for piece in whole])
         written = {"indices": indices, "outputs": outputs}
@@ -132,10 +127,9 @@ def refuse_on_every_rank(refused: str, env: DistEnv) -> None:
 
 
 def writable(out: Path) -> str:
-    """Why `out` cannot be written ('' where it can), found before any batch: its folder made and a file tried
-    in it. First the temporaries of earlier predicts to `out` that were killed (their process is gone) are
-    removed: a live one may be another predict's, still writing (a process on another machine sharing the
-    folder is not seen: its temporary, if there is one, is removed, and its predict fails at its rename)."""
+    """Why `out` cannot be written ('' where it can): its folder made and a file tried in it, after removing the
+    temporaries of killed predicts to `out` (a live process's may be another predict's, still writing; one on
+    another machine is not seen: its predict fails at its rename)."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         for stale in out.parent.glob(f"{TMP_PREFIX}{glob.escape(out.name)}.*"):
@@ -163,8 +157,7 @@ def alive(pid: int) -> bool:
 
 
 def prediction_kind(task: Task, config: PredictConfig) -> str | None:
-    """What the task turns outputs into (tasks/__init__.py: its `predict` and `predictions`); None: the outputs
-    as they are."""
+    """What the task turns outputs into (its `predict` and `predictions`); None: the outputs as they are."""
     predict_as, target = config.predict_as, config.task["_target_"]
     kinds = tuple(getattr(task, "predictions", ()))
     if not (kinds and callable(getattr(task, "predict", None))):
@@ -182,8 +175,7 @@ def prediction_kind(task: Task, config: PredictConfig) -> str | None:
 
 
 def batch_shard(size: int, batch_size: int, rank: int, world_size: int) -> range:
-    """This rank's contiguous share of whole batches of a one-process run: no padding, no sample twice,
-    every sample computed in the same batch at any world size."""
+    """This rank's contiguous share of whole batches of a one-process run: no padding, no sample twice."""
     batches = -(-size // batch_size)
     first, last = batches * rank // world_size, batches * (rank + 1) // world_size
     return range(first * batch_size, min(last * batch_size, size))
@@ -193,8 +185,7 @@ def batch_shard(size: int, batch_size: int, rank: int, world_size: int) -> range
 def predict(
     model: nn.Module, loader: DataLoader, task: Task, kind: str | None, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """This rank's sample indices, what the task makes of their outputs (on the host), in loader order, and
-    their lengths (joined's)."""
+    """This rank's sample indices, what the task makes of their outputs (on the host) and their lengths (joined's)."""
     model.eval()
     indices, outputs, lengths = [], [], []
     for inputs, targets, _, batch_indices in loader:
@@ -215,9 +206,8 @@ def predict(
 
 
 def masked(result: torch.Tensor, targets: object) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A batch's outputs and each sample's length along dimension 1 (None for outputs of one dimension): where
-    the targets are one per position and mark padding with IGNORE (pad_windows), up to the last real one, the
-    positions past it filled (as joined fills); else the batch's length."""
+    """A batch's outputs and each sample's length along dimension 1 (None for one dimension): up to the last
+    position its targets do not mark IGNORE (pad_windows), the rest filled, else the batch's length."""
     if result.dim() < 2:
         return result, None
     lengths = torch.full((len(result),), result.shape[1], dtype=torch.int64)
@@ -232,8 +222,8 @@ def masked(result: torch.Tensor, targets: object) -> tuple[torch.Tensor, torch.T
 
 
 def joined(outputs: list[torch.Tensor], lengths: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Outputs concatenated, each padded along dimension 1 to the longest with fill_value, and the samples'
-    lengths (None for outputs of one dimension). Padded so at each rank, then again on rank 0: the same file."""
+    """Outputs concatenated, padded along dimension 1 to the longest with fill_value, and the samples' lengths (None
+    for one dimension). Padded so at each rank, then again on rank 0: the same file."""
     if any(length is None for length in lengths):
         return torch.cat(outputs), None
     longest = max(output.shape[1] for output in outputs)

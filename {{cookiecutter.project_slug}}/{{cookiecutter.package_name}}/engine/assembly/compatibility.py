@@ -1,6 +1,5 @@
-"""Settings that must agree, where the engine checks them: every rank's with every other's (a collective at
-start), and a checkpoint's prepared data with the data a resume goes on with. The rules, what a resume may
-change and what it refuses, are config/compatibility.py's (docs/checkpoints.md, "What a resume may change")."""
+"""Settings that must agree, where the engine checks them: every rank's with every other's (a collective at start),
+and a checkpoint's prepared data with a resume's. The rules: config/compatibility.py."""
 
 from __future__ import annotations
 
@@ -11,32 +10,15 @@ from typing import Any
 
 from ...common.errors import ConfigError, JobError
 from ...common.placement import DistEnv
-
-# The rules moved below the engine (config/compatibility.py); they stay importable from here.
-from ...config.compatibility import (  # noqa: F401
-    LOADER_KEYS,
-    OPERATIONAL,
-    REFUSED,
-    SHOWN,
-    STARTING_KEYS,
-    between_nodes,
-    check_resumable,
-    differences,
-    leaves,
-    listed,
-    under,
-    without_repeats,
-)
+from ...config.compatibility import SHOWN, differences, under
 from ..distributed.process_group import all_gather_bytes
 
 
 class SamePreparedData:
-    """A checkpoint's record of the prepared data it was trained on (a token folder's or a set of
-    shards' id, new at each prepare), checked at a resume: data prepared again under the same
-    `data.root` changes what an epoch holds as a changed `data.*` key does, and is refused as one is,
-    unless `checkpoint.allow_changes` accepts `data.root` (or `data`). An owner of the checkpoint
-    (checkpoint/manager.py): `prepared` is the training set's own ({"root", "id"}), None for data
-    sets that are not prepared; a checkpoint without the record (older, or of such a set) passes."""
+    """A checkpoint's owner (checkpoint/manager.py) that records the id of the prepared data it was trained on
+    (new at each prepare): a resume on data prepared again under the same `data.root` is refused as a changed
+    `data.*` key is, unless `checkpoint.allow_changes` accepts `data.root`. `prepared`: the training set's
+    {"root", "id"}, None for a set not prepared; a checkpoint without the record passes."""
 
     def __init__(self, prepared: dict[str, str] | None, allowed: list[str]) -> None:
         self.prepared, self.allowed = prepared, list(allowed)
@@ -57,8 +39,8 @@ class SamePreparedData:
 
 
 def check_same_config_everywhere(config: dict[str, Any], env: DistEnv) -> None:
-    """Every rank runs with the same settings (a collective: one hash each, then, only if they
-    differ, the configs); else a JobError (exit code 2) naming the keys and the nodes, on every rank."""
+    """Every rank runs with the same settings (a collective: one hash each, then, only if they differ, the
+    configs); else a JobError (exit code 2) naming the keys and the nodes, on every rank."""
     text = json.dumps(config, sort_keys=True, default=str)
     digests = all_gather_bytes(hashlib.sha256(text.encode()).digest(), env.device)
     if len(set(digests)) == 1:
@@ -70,7 +52,7 @@ def check_same_config_everywhere(config: dict[str, Any], env: DistEnv) -> None:
     for other_node, other in entries:
         if other_node in told or other_node == reference_node:
             continue
-        changed = between_nodes(reference, json.loads(other))
+        changed = differences(reference, json.loads(other), resume=False)  # checkpoint.resume must agree too
         if changed:
             shown = "; ".join(f"{key}={new!r} where node {reference_node} has {old!r}"
                               for key, (old, new) in list(changed.items())[:SHOWN])  # fmt: skip

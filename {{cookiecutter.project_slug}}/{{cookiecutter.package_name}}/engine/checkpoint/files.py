@@ -1,15 +1,5 @@
-"""A checkpoint's files: how they are written safely, found, loaded and set aside (what goes into
-one: manager.py).
-
-- Global rank 0 writes `<run dir>/checkpoints/step_<N>.pt`, N the global optimizer step
-  (strategy=ddp; a strategy that shards the model writes a folder `step_<N>/` of shards: sharded.py).
-- The state is copied to CPU memory on the training thread (the only part that holds a step
-  up); a background thread writes it to a temporary file in the same folder, fsyncs it,
-  renames it into place and fsyncs the folder, so a kill at any instant leaves either the
-  complete new file or none, and never touches the previous one.
-- Only tensors and plain Python values are stored, and files are loaded with
-  `torch.load(..., weights_only=True)`: a checkpoint cannot run code when it is loaded.
-"""
+"""A checkpoint's files: written atomically, found, loaded (weights_only: a checkpoint cannot run code) and set
+aside; what goes into one: manager.py. The format and its promises: docs/checkpoints.md ("Writing")."""
 
 from __future__ import annotations
 
@@ -41,9 +31,8 @@ OWNER_FILE = ".owner"  # in a checkpoint.dir (a folder or a store's prefix): the
 
 
 def shards_reader(path: Path) -> ModuleType:
-    """What reads a folder of shards (the sharding strategies' checkpoints): sharded.py, imported at its first
-    use (torch.distributed.checkpoint: 1.7 s to import); one line where this project was made without
-    those strategies, which a folder from another project's run meets."""
+    """sharded.py, which reads a folder of shards, imported at first use (1.7 s); one line where this project
+    was made without it."""
     name = f"{__package__}.sharded"
     if importlib.util.find_spec(name) is None:
         raise ConfigError(
@@ -55,8 +44,8 @@ def shards_reader(path: Path) -> ModuleType:
 
 
 def checkpoint_store(config: CheckpointConfig, folder: Path) -> Any:
-    """The store `checkpoint.dir` names, which each checkpoint goes up to (store.py's CheckpointStore, where
-    the project has it), or None where it is a folder; one line where this project has no store."""
+    """The store `checkpoint.dir` names (store.py's CheckpointStore), None for a folder; one line where this project
+    has no store."""
     if not is_remote(config.dir):
         return None
     store_module(config.dir, "checkpoint.dir")
@@ -64,23 +53,21 @@ def checkpoint_store(config: CheckpointConfig, folder: Path) -> Any:
 
 
 def with_owner_tensors(payload: dict[str, Any], source: Path, owners: list[Any]) -> dict[str, Any]:
-    """The payload the owners (the EMA) load from: a file's as it is; a folder of shards' with the owners'
-    tensors read in place (the folder's payload is trainer.pt's, without them)."""
+    """The payload the owners (the EMA) load from: a folder of shards' trainer.pt gets their tensors read in."""
     if "model" in payload:
         return payload
     return {**payload, **shards_reader(source).load_owner_tensors(source, owners)}
 
 
 def local_folder(run_dir: Path, config: CheckpointConfig) -> Path:
-    """Where this machine writes the checkpoints: `checkpoint.dir` where it is a folder, else the run
-    dir's checkpoints/ (with a store, the copy that goes up: store.py)."""
+    """Where this machine writes the checkpoints: `checkpoint.dir` where it is a folder, else the run dir's
+    checkpoints/."""
     return Path(config.dir) if config.dir and not is_remote(config.dir) else run_dir / CHECKPOINTS_DIR
 
 
 def owner_id(run_dir: Path) -> str:
-    """How a run is named in an OWNER_FILE: its run dir, relative to the working dir where it lies below it
-    (the same on every machine that launches from the project: a requeued or relaunched job matches), else
-    absolute."""
+    """A run's name in an OWNER_FILE: its run dir relative to the working dir (the same on every machine, so a
+    relaunched job matches) where it lies below it, else absolute."""
     absolute = Path(os.path.abspath(run_dir))
     try:
         return str(absolute.relative_to(Path.cwd()))
@@ -89,7 +76,6 @@ def owner_id(run_dir: Path) -> str:
 
 
 def step_of(name: str) -> int:
-    """The step of a checkpoint's name (NAME_PATTERN's)."""
     return int(NAME_PATTERN.match(name).group(1))  # type: ignore[union-attr]
 
 
@@ -98,7 +84,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def to_cpu(value: Any) -> Any:
-    """A deep copy of a (nested) state with every tensor copied to CPU memory."""
+    """A deep copy of a nested state, every tensor copied to CPU memory."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
@@ -116,8 +102,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(payload: dict[str, Any], path: Path, save: Callable[[Any, BinaryIO], Any] = torch.save) -> None:
-    """`save` (torch.save) to a temporary file beside `path`, fsync, rename into place, fsync the folder."""
+def write_atomically(
+    payload: Any, path: Path, save: Callable[[Any, BinaryIO], Any] = torch.save, folder: bool = True
+) -> None:
+    """`save` to a temporary file beside `path`, fsync, rename into place; then fsync the folder if `folder`."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         with open(tmp, "wb") as file:
@@ -127,26 +115,18 @@ def write_atomically(payload: dict[str, Any], path: Path, save: Callable[[Any, B
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+    if folder:
+        fsync_dir(path.parent)
 
 
 def write_text_atomically(text: str, path: Path) -> None:
     """A small text file (best.json) replaced whole or not at all."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    try:
-        with open(tmp, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(text.encode(), path, lambda data, file: file.write(data), folder=False)
 
 
 def best_checkpoint(given: Path) -> Path:
-    """What `best` names (eval.py ckpt_path=best, the export): the first checkpoint of best.json
-    (checkpoint.keep_best) that is there, in `<run dir>/best` or `<run dir>/checkpoints/best`; a bare
-    `best` is the newest run's under outputs/."""
+    """The first checkpoint of best.json (checkpoint.keep_best) that is there, for `<run dir>/best`,
+    `<run dir>/checkpoints/best` or a bare `best` (the newest run's under outputs/)."""
     if str(given) == "best":
         listings = sorted(Path(OUTPUT_ROOT).glob(f"**/{BEST_FILE}"), key=lambda path: path.stat().st_mtime)
         if not listings:
@@ -189,9 +169,8 @@ class NotACheckpoint(ValueError):
 
 
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
-    """Load a checkpoint safely (weights_only) onto the CPU; anything else is a NotACheckpoint
-    with a one-line reason (never torch's advice to turn weights_only off: a file that
-    needs it could run code). A folder of shards answers with its trainer.pt: all but the tensors."""
+    """A checkpoint loaded with weights_only onto the CPU (a folder of shards': its trainer.pt), else a
+    NotACheckpoint in one line."""
     path = Path(path)
     if path.is_dir():
         for name in (METADATA_FILE, TRAINER_FILE):
@@ -214,7 +193,7 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
 
 
 def check_format_version(path: Path | str, payload: dict[str, Any]) -> None:
-    """Refuse a checkpoint written by newer code, whose contents this code may misread."""
+    """Refuse a checkpoint written by newer code, which this code may misread."""
     version = payload.get("format_version", FORMAT_VERSION)
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise ConfigError(
@@ -224,7 +203,7 @@ def check_format_version(path: Path | str, payload: dict[str, Any]) -> None:
 
 
 def restore(model: nn.Module, payload: dict[str, Any], path: Path) -> None:
-    """Load the model weights, turning a shape or key mismatch into a one-line error."""
+    """The model weights loaded; a shape or key mismatch in one line."""
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as error:

@@ -1,12 +1,6 @@
-"""What a checkpoint holds, assembled from the parts that own it; when to save; which one to resume.
-
-A checkpoint is the strategy's part (the model, the optimizer, its communication hook's memory) and
-each owner's part: where training stands in the data (`epoch`, `step`, `samples_in_epoch`), the fp16
-loss scale (`grad_scaler`), every rank's generator states (`rank_states`) and callbacks' states
-(`callbacks`, engine/callbacks.py), the trackers' run ids (`trackers`); and the manager's own: the
-format version, the world size, the config. Every owner has a `state_dict()` (its keys) and a
-`load_state_dict(payload)` (the exact inverse); loading goes owner by owner in order, the generator
-states last. The format version is checked here, once.
+"""What a checkpoint holds, assembled from the strategy's part and each owner's (a `state_dict()` of its keys and
+its exact inverse, `load_state_dict(payload)`, loaded in order, the generator states last) with the format
+version, world size and config; when to save; which one to resume (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from omegaconf import OmegaConf
 
 from ...common.errors import JobError, first_line
 from ...common.placement import DistEnv
@@ -58,11 +53,11 @@ class CheckpointManager:
         self.found_at_start: list[tuple[Path, dict[str, Any]] | None] = []
         if run_dir is not None:  # another run's checkpoint.dir: refused before anything is written there
             self.writer.check_owner(run_dir)
-        self.writer.save_config(plain_config)
+        if self.writer.is_writer:  # the resolved config beside the checkpoints
+            (folder / "config.yaml").write_text(OmegaConf.to_yaml(plain_config))
 
     @property
     def on_written(self) -> list[Callable[[int], None]]:
-        """Called by the writer with each checkpoint's step once it is on disk."""
         return self.writer.on_written
 
     def state_dict(self) -> dict[str, Any]:
@@ -73,8 +68,7 @@ class CheckpointManager:
         return {**state, "world_size": self.env.world_size, "config": self.plain_config}
 
     def load_state_dict(self, payload: dict[str, Any], source: Path | str) -> list[str]:
-        """The exact inverse of state_dict(), at this world size; the settings it changes (config/compatibility.py).
-        A payload without tensors is a folder of shards' trainer.pt: the strategy reads them from `source`."""
+        """The exact inverse of state_dict(), at this world size; the settings it changes (config/compatibility.py)."""
         changes = check_resume((Path(source), payload), self.plain_config, self.epochs)
         self.strategy.load_state_dict(payload, Path(source))
         payload = with_owner_tensors(payload, Path(source), self.owners)
@@ -90,7 +84,7 @@ class CheckpointManager:
         return changes
 
     def keep_best(self, steps: list[int]) -> None:
-        """checkpoint.keep_best: these steps' checkpoints are kept whatever keep_last says (best first)."""
+        """checkpoint.keep_best: these steps' checkpoints (best first) are kept whatever keep_last says."""
         self.writer.keep_best(steps)
 
     def due(self, step: int, epoch_done: bool) -> bool:
@@ -120,9 +114,8 @@ class CheckpointManager:
         self.writer.raise_if_failed()
 
     def resume(self) -> tuple[Path, dict[str, Any]] | None:
-        """Load the checkpoint checkpoint.resume names (the run dir's newest, by default); None if none.
-        A sharded one whose shards fail to load (every rank learns it) is set aside for the one before.
-        First, checkpoint.dir must be this run's, and is marked so at first use."""
+        """Load the checkpoint checkpoint.resume names, once checkpoint.dir is claimed; None if none. A sharded one
+        whose shards fail to load is set aside for the one before."""
         if self.run_dir is not None:
             self.writer.claim(self.run_dir)
         skip: set[Path] = set()
@@ -152,12 +145,8 @@ class CheckpointManager:
 
 
 def agree_on_checkpoint(found: tuple[Path, dict[str, Any]] | None, env: DistEnv) -> tuple[Path, dict[str, Any]] | None:
-    """Make every rank resume from the newest checkpoint that any rank holds.
-
-    On a shared filesystem all ranks found the same file. Without one, only the nodes that
-    wrote checkpoints hold them: the newest is sent, through the process group, to the ranks
-    that lack it, so a job whose node 0 was replaced still resumes.
-    """
+    """The newest checkpoint any rank holds, on every rank: without a shared filesystem it is sent to the ranks
+    that lack it (a job whose node 0 was replaced still resumes)."""
     steps = all_gather_int(found[1]["step"] if found else -1, env.device)
     newest = max(steps)
     if newest < 0 or all(step == newest for step in steps):

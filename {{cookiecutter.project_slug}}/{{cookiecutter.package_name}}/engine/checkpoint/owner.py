@@ -1,9 +1,6 @@
-"""A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it: its OWNER_FILE
-names that run's dir, and another run is refused, so that no run resumes, overwrites or prunes another's
-checkpoints. A run dir's own checkpoints/ is that run's by where it lies, with or without an OWNER_FILE: another
-run may start from its checkpoints (model.init_from, checkpoint.resume=<path>) but never writes or prunes there.
-A relaunch (a torchrun restart, a
-Slurm requeue, a job moved to another machine) with the same run dir is the same run."""
+"""A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it (its OWNER_FILE names
+that run's dir; a run dir's own checkpoints/ is that run's by where it lies): another run is refused, so that none
+resumes, overwrites or prunes another's checkpoints. The same run dir is the same run (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ from ...common.run_dir import CHECKPOINTS_DIR, LOCK_FILE, LOGS_DIR, MARKERS, MET
 from ...config import CheckpointConfig
 from .files import OWNER_FILE, owner_id, write_text_atomically
 
-# What a run leaves in its run dir from its start (common/run_dir.py, engine/assembly/entry.py): a folder
-# holding one of them beside a checkpoints/ is that run's dir.
+# What a run leaves in its run dir from its start: a folder holding one beside a checkpoints/ is a run's dir.
 RUN_DIR_SIGNS = (".hydra", LOGS_DIR, METRICS_FILE, LOCK_FILE, *MARKERS)
 
 
@@ -48,9 +44,8 @@ class Ownership:
         return text.strip() if text is not None else None
 
     def check_owner(self, run_dir: Path | None) -> str | None:
-        """One line where checkpoint.dir belongs to another run than the one in `run_dir` (None: a run dir
-        not made yet); its owner, where it has one. The run dir's own checkpoints/ (checkpoint.dir="") is
-        the run's by where it lies: not checked."""
+        """One line where checkpoint.dir belongs to another run than `run_dir`'s (None: a run dir not made yet);
+        its owner, where it has one."""
         if not self.config.dir:
             return None
         mine = owner_id(run_dir) if run_dir is not None else None
@@ -73,9 +68,7 @@ class Ownership:
         return owner
 
     def claim(self, run_dir: Path) -> None:
-        """Before a resume: checkpoint.dir must be this run's (check_owner); the writer marks it so at
-        first use. A relaunch (a torchrun restart, a Slurm requeue, a job moved to another machine) with
-        the same run dir is the same run."""
+        """Before a resume: checkpoint.dir must be this run's (check_owner); the writer marks it so at first use."""
         owner = self.check_owner(run_dir)
         if self.config.dir:
             self.owner = owner_id(run_dir)
@@ -90,9 +83,8 @@ class Ownership:
             write_text_atomically(f"{self.owner}\n", self.folder / OWNER_FILE)
 
     def check_still_owner(self) -> None:
-        """Before each checkpoint: a run launched at the same moment with the same checkpoint.dir may have
-        claimed it too; the one whose mark is not there stops rather than mix checkpoints with it. A mark
-        that is gone (a store that came back empty) is written again."""
+        """Before each checkpoint: of two runs that claimed checkpoint.dir at once, the one whose mark is not there
+        stops; a mark that is gone (a store that came back empty) is written again."""
         if self.owner is None:
             return
         owner = self.read_owner()

@@ -1,38 +1,10 @@
-"""What a checkpoint from elsewhere may make this project run: an allowlist, and no write, delete or fetch.
+"""What a checkpoint from elsewhere may make this project build: an allowlist, and no write, delete or fetch.
 
-A checkpoint holds the config it was trained with, and eval.py, the export, predict and generate build
-its model (and data set, task) from the `_target_`s in it. A doctored copy could name any callable, and
-building it would run that code: a function of this very package (one that deletes a folder: a cache's
-eviction) as much as one imported from wherever Python finds it (a folder shipped beside the checkpoint).
-So before anything is built, every `_target_` of a saved config must be on the allowlist:
-- a `_target_` that one of this project's config files names (configs/**/*.yaml, the user's own files too);
-- what the package registers as buildable, on purpose: the `BUILDABLE` tuple of models/ and tasks/ (each
-  package's __init__.py with those of the modules beside it, found by what is present),
-  datasets/__init__.py, datasets/collate.py and callbacks.py (a model of your own in models/: add it
-  there, or name it in a config file); anything else of the package is refused, a function added
-  tomorrow too, until it is registered;
-- a torch.nn module class, a torch.optim optimizer or scheduler class, a torchvision model builder.
-Anything else is refused in one line naming the key, the target and the opt-in, `trust_checkpoint=true`
-(Hugging Face's `trust_remote_code`): only for a checkpoint whose source you trust as you trust code you
-run. A name outside the project is refused by its text alone: nothing of it is imported to decide.
-
-What is on the allowlist is then built with arguments that come from the checkpoint, and those never
-make a build write, delete or fetch:
-- a torchvision builder's `weights`, `weights_backbone`, `pretrained` or `pretrained_backbone` other
-  than null or false is a download: refused (the checkpoint's own weights are loaded over them anyway);
-- the data set (eval.py, predict build it; the export and generate do not, and model.init_from builds
-  nothing): every path the checkpoint's data node holds must be one this command or a config file of
-  the project names, by value. A path is a non-empty string whose key names one (root, dir, path,
-  folder, file, from, url, cache), or that holds a `/` or a `\\` or starts with `~` or `.`. So a
-  checkpoint trained on `data.root=/datasets/x` is read with `data.root=/datasets/x` given again: it
-  never chooses what this machine reads, caches, evicts or fetches. A true `download` is refused unless
-  the command gives it (`data.download=true`).
-What the command line gives (`task._target_=...`, `data.root=...`, a whole group `model=...`) is the
-user's and is not judged; nor are the callbacks, which nothing that reads a checkpoint builds.
-
-A saved config is written resolved (config/compose.py's to_plain_dict), so a `${...}` in one was put
-there by hand: resolving it would read this machine's environment (`${oc.env:API_TOKEN}`) into
-what is built or logged. It is refused by the same rule, and resolved only with the opt-in.
+Every `_target_` of a saved config must be one a config file of the project names, one the package registers
+(the `BUILDABLE` tuples of REGISTRIES), a torch.nn module, a torch.optim optimizer or scheduler or a torchvision
+model builder; a torchvision download, a data set path neither the command nor a config file names, a `download`
+and a `${...}` are refused too, each in one line naming the opt-in (`trust_checkpoint=true`). The rule, and why:
+docs/checkpoints.md ("A checkpoint from elsewhere"). A name outside the project is judged by its text alone.
 """
 
 from __future__ import annotations
@@ -65,23 +37,21 @@ def saved_config(payload: Any) -> dict[str, Any]:
 
 
 def check_trusted(saved: Any, trust: bool, opt_in: str, given: Collection[str] = ()) -> None:
-    """Refuse, in one line naming it and `opt_in`, a saved config that names a `_target_` off the allowlist,
-    or gives a torchvision builder weights to download; `given`: the dotted keys the user's command gave,
-    which are the user's. Nothing is imported of a name outside the project."""
+    """Refuse, in one line naming it and `opt_in`, a saved config's `_target_` off the allowlist, interpolation
+    or torchvision download; `given`: the dotted keys the user's command gave (the user's, not judged)."""
     if trust:
         return
     if not isinstance(saved, dict):
         saved_config({"config": saved})
     judged = {section: value for section, value in saved.items() if section not in NOT_BUILT}
-    for key, text in interpolations(judged):
-        if not is_given(key, given):
+    for key, _, text in leaves(judged):
+        if isinstance(text, str) and "${" in text and not is_given(key, given):
             raise ConfigError(
                 f"the checkpoint's config holds an interpolation, {key}={text[:80]}: a saved config is written "
                 f"resolved, so this one was edited, and resolving it would read this machine's environment; load "
                 f"it only if you trust where it came from, with {opt_in}"
             )
-    for key, node in nodes(judged):
-        target = node["_target_"] if isinstance(node["_target_"], str) else repr(node["_target_"])
+    for key, node, target in nodes(judged):
         if is_given(f"{key}._target_", given):
             continue
         if not trusted(target):
@@ -100,10 +70,8 @@ def check_trusted(saved: Any, trust: bool, opt_in: str, given: Collection[str] =
 
 
 def check_data_paths(data: dict[str, Any], user_values: Collection[str], given: Collection[str], opt_in: str) -> None:
-    """Refuse a path of the data node (as composed from the checkpoint and the command) that neither the
-    command (`user_values`: the values it gives) nor a config file of the project names, and a true
-    `download` the command does not give (docstring above): the checkpoint never picks what is read,
-    written, evicted or fetched."""
+    """Refuse a path of the composed data node that neither the command (`user_values`: the values it gives) nor a
+    config file of the project names, and a true `download` the command does not give."""
     target = data.get("dataset", {}).get("_target_") if isinstance(data.get("dataset"), dict) else None
     for key, name, value in leaves(data, "data"):
         if name == "download" and value and not (is_given(key, given) or f"data.{name}" in given):
@@ -127,16 +95,17 @@ def command_values(overrides: list[str]) -> set[str]:
 
     found: set[str] = set()
     for item in OverridesParser.create().parse_overrides(overrides):
-        found.update(value for _, _, value in leaves(item.value(), "") if isinstance(value, str))
+        found.update(value for _, _, value in leaves(item.value()) if isinstance(value, str))
     return found
 
 
-def nodes(node: Any, key: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """(dotted key, node) for every node with a `_target_` of a nested config, lists included (Hydra builds
-    them all), outer before inner: the order Hydra would import them."""
+def nodes(node: Any, key: str = "") -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(dotted key, node, its target's text) for every node with a `_target_` of a nested config, lists
+    included, outer before inner (the order Hydra would import them)."""
     if isinstance(node, dict):
         if "_target_" in node:
-            yield key or "config", node
+            target = node["_target_"]
+            yield key or "config", node, target if isinstance(target, str) else repr(target)
         for name, value in node.items():
             yield from nodes(value, f"{key}.{name}" if key else str(name))
     elif isinstance(node, list | tuple):
@@ -144,36 +113,17 @@ def nodes(node: Any, key: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
             yield from nodes(value, f"{key}[{index}]")
 
 
-def targets(node: Any) -> Iterator[tuple[str, str]]:
-    """(dotted key, target) for every `_target_` in a nested config."""
-    for key, found in nodes(node):
-        yield key, found["_target_"] if isinstance(found["_target_"], str) else repr(found["_target_"])
-
-
-def leaves(node: Any, key: str, name: str = "") -> Iterator[tuple[str, str, Any]]:
-    """(dotted key, the key's own name, value) for every value of a nested config but its `_target_`s; a
-    list's items under their list's name."""
+def leaves(node: Any, key: str = "", name: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(dotted key, the key's own name, value) for every value of a nested config; a list's items under their
+    list's name."""
     if isinstance(node, dict):
         for child, value in node.items():
-            if child != "_target_":
-                yield from leaves(value, f"{key}.{child}", str(child))
+            yield from leaves(value, f"{key}.{child}" if key else str(child), str(child))
     elif isinstance(node, list | tuple):
         for index, value in enumerate(node):
             yield from leaves(value, f"{key}[{index}]", name)
     else:
         yield key, name, node
-
-
-def interpolations(node: Any, key: str = "config") -> Iterator[tuple[str, str]]:
-    """(dotted key, text) for every string of a nested config that OmegaConf would resolve."""
-    if isinstance(node, dict):
-        for name, value in node.items():
-            yield from interpolations(value, f"{key}.{name}" if key != "config" else str(name))
-    elif isinstance(node, list | tuple):
-        for index, value in enumerate(node):
-            yield from interpolations(value, f"{key}[{index}]")
-    elif isinstance(node, str) and "${" in node:
-        yield key, node
 
 
 def is_given(key: str, given: Collection[str]) -> bool:
@@ -182,14 +132,15 @@ def is_given(key: str, given: Collection[str]) -> bool:
 
 
 def is_path(name: str, value: Any) -> bool:
-    if not isinstance(value, str) or not value:
+    """A non-empty string whose key names a path (PATH_WORDS), or that holds a `/` or `\\` or starts with `~` or `.`."""
+    if not isinstance(value, str) or not value or name == "_target_":
         return False
     named = any(word in name.lower() for word in PATH_WORDS)
     return named or any(mark in value for mark in "/\\") or value.startswith(("~", "."))
 
 
 def trusted(target: str) -> bool:
-    """Whether `target` is on the allowlist (docstring above)."""
+    """Whether `target` is on the allowlist."""
     if target in config_targets():
         return True
     if target.startswith(f"{PACKAGE}."):
@@ -203,13 +154,13 @@ def trusted(target: str) -> bool:
 @functools.cache
 def config_targets() -> frozenset[str]:
     """Every `_target_` this project's config files name (what a user could have trained with)."""
-    return frozenset(target for document in config_documents() for _, target in targets(document))
+    return frozenset(target for document in config_documents() for _, _, target in nodes(document))
 
 
 @functools.cache
 def config_values() -> frozenset[str]:
     """Every string value of this project's config files (a path they name: data/cifar10)."""
-    return frozenset(value for document in config_documents() for _, _, value in leaves(document, "")
+    return frozenset(value for document in config_documents() for _, _, value in leaves(document)
                      if isinstance(value, str))  # fmt: skip
 
 
@@ -225,8 +176,8 @@ def config_documents() -> list[Any]:
 
 @functools.cache
 def package_allowlist() -> tuple[Any, ...]:
-    """What of this package a checkpoint may build: each registry's BUILDABLE, and what the config files
-    name (found by what it is: a module moved since keeps its old name where the package keeps it)."""
+    """What of this package a checkpoint may build: each registry's BUILDABLE and what the config files name
+    (compared by identity: a name kept from before a module moved is what it names)."""
     import importlib
 
     registered = [item for name in REGISTRIES
@@ -236,7 +187,7 @@ def package_allowlist() -> tuple[Any, ...]:
 
 
 def from_torch(target: str) -> bool:
-    """A torch.nn module class, a torch.optim optimizer or scheduler, a torchvision model builder."""
+    """Whether `target` is a torch.nn module class, torch.optim optimizer or scheduler, or torchvision model builder."""
     import torch
     from torch import nn
 
@@ -255,7 +206,7 @@ def from_torch(target: str) -> bool:
 
 
 def located(target: str) -> Any:
-    """What a dotted name of an installed package (torch, torchvision, this one) is, or None."""
+    """What a dotted name of an installed package is, or None."""
     try:
         return locate(target)
     except Exception:

@@ -1,6 +1,5 @@
-"""A checkpoint's weights into a plain model, whatever strategy wrote it: a whole `.pt`, or a folder
-of shards read whole (eval.py, the export): the one way weights are loaded outside training. Where the
-run kept an EMA of the weights (trainer.ema), its parameters are the average, as validation's were."""
+"""A checkpoint's weights into a plain model, whatever strategy wrote it: the one way weights are loaded outside
+training (eval.py, the export); the EMA's parameters where the run kept one (trainer.ema), as validation's were."""
 
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ from .files import check_format_version, load_checkpoint, restore, shards_reader
 
 
 def load_weights(path: Path, model: nn.Module, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A checkpoint's weights into a plain model (eval.py, the export), whatever strategy wrote it:
-    a whole `.pt`, or a folder of shards read whole; the EMA's parameters where the run kept one
-    (has_ema). Its payload (for a folder, all but the tensors), loaded here unless given."""
+    """A checkpoint's weights (the EMA's, where it has one) into a plain model; its payload, loaded unless given."""
     payload = payload if payload is not None else load_checkpoint(path)
     check_format_version(path, payload)
     if path.is_dir():
@@ -30,7 +27,7 @@ def load_weights(path: Path, model: nn.Module, payload: dict[str, Any] | None = 
 
 
 def has_ema(path: Path, payload: dict[str, Any]) -> bool:
-    """Whether the checkpoint holds an EMA of the weights (trainer.ema), which load_weights gives."""
+    """Whether the checkpoint holds an EMA of the weights, which load_weights gives."""
     if path.is_dir():
         return "ema" in shards_reader(path).saved_keys(path)
     return bool(payload.get("ema"))
@@ -38,7 +35,7 @@ def has_ema(path: Path, payload: dict[str, Any]) -> bool:
 
 def weight_formats() -> dict[str, ModuleType]:
     """The weights' formats beside the project's own, by what is present: each a module of this folder with a
-    `WEIGHT_FORMAT` name, an `export_to(out, model, saved_config, line)` for export.py's `--format`, and a
-    `takes(path)` and `read(path, model)` for model.init_from (another library's folder of weights)."""
+    `WEIGHT_FORMAT` name, an `export_to(out, model, saved_config, line)` (export.py's `--format`), and a
+    `takes(path)` and `read(path, model)` (model.init_from)."""
     found = modules_with(__package__, [str(Path(__file__).parent)], "WEIGHT_FORMAT")
     return {module.WEIGHT_FORMAT: module for module in found if hasattr(module, "WEIGHT_FORMAT")}

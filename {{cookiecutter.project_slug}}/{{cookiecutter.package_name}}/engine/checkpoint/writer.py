@@ -1,9 +1,6 @@
-"""The writer of a run's checkpoints (a `step_<N>.pt` per checkpoint, by global rank 0), in the
-background: saved, pruned to `checkpoint.keep_last`, set aside when unreadable, found for a resume.
-A writer of folders of shards extends it, where the project has one. With `checkpoint.dir` a store's URL,
-each checkpoint goes up once whole (`self.store`, found by files.checkpoint_store), and the local folder and
-the store are one history: a resume takes the newest whole checkpoint of either, brought down when it is
-the store's. A `checkpoint.dir` (a folder or a store's prefix) belongs to the run that first used it (owner.py)."""
+"""The background writer of a run's checkpoints (a `step_<N>.pt` each, by global rank 0): saved, pruned to
+`checkpoint.keep_last`, set aside when unreadable, found for a resume (with a store, the newest of the local folder
+and the store's: docs/checkpoints.md). sharded.py's writer of folders of shards extends it."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from ...common.errors import ConfigError, JobError, first_line
 from ...config import CheckpointConfig
@@ -41,8 +37,6 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer(Ownership):
-    """Saves on global rank 0 in the background and finds the checkpoint to resume from."""
-
     def __init__(self, folder: Path, config: CheckpointConfig, is_writer: bool, fetches: bool | None = None) -> None:
         self.folder = folder
         self.config = config
@@ -56,7 +50,7 @@ class Checkpointer(Ownership):
         self._valid: set[Path] = set()  # checkpoints known to load
         self.best: tuple[int, ...] = ()  # steps whose checkpoints checkpoint.keep_best keeps, best first
         self._writing: Path | None = None
-        # Called by the writer thread with the step of each checkpoint once it is on disk; they must not raise.
+        # Called by the writer thread with each checkpoint's step once it is on disk; they must not raise.
         self.on_written: list[Callable[[int], None]] = []
         if is_writer:
             folder.mkdir(parents=True, exist_ok=True)
@@ -70,26 +64,16 @@ class Checkpointer(Ownership):
         return checkpoint_name(step)
 
     def keep_best(self, steps: list[int]) -> None:
-        """Keep these steps' checkpoints apart from keep_last; checkpoints/best.json lists them, best first
-        (eval.py ckpt_path=best, the export). Written now, before the newest one is on disk: whoever reads
-        it takes the first one there."""
+        """Keep these steps' checkpoints apart from keep_last, listed best first in best.json: written now,
+        before the newest is on disk (a reader takes the first one there)."""
         self.best = tuple(steps)
         if self.is_writer:
             names = [self.name_of(step) for step in steps]
             write_text_atomically(json.dumps({"best": names, "steps": list(steps)}) + "\n", self.folder / BEST_FILE)
 
-    def save_config(self, plain_config: dict[str, Any]) -> None:
-        """The resolved config beside the checkpoints, as YAML."""
-        if self.is_writer:
-            (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(plain_config))
-
     def save(self, step: int, state: dict[str, Any]) -> bool:
-        """Snapshot `state` (a trainer's state_dict) now and write it in the background as step `step`.
-
-        Every rank may call this; only the writer does anything. A second save at the same step
-        (the one resumed from, too) is skipped, and a save waits for the one before it. True when
-        a save was started.
-        """
+        """Snapshot `state` now and write it in the background (the writer only; a step saved or resumed from
+        is skipped, and a save waits for the one before); True when a save was started."""
         if not self.is_writer or self.last_saved_step == step:
             return False
         self.wait()
@@ -110,8 +94,8 @@ class Checkpointer(Ownership):
             self._error = error
 
     def _written(self, path: Path, step: int, started: float, upload: bool = True) -> None:
-        """On the writer thread, once a checkpoint is complete under its name: up to the store (if
-        any), count it, tell the callbacks, prune."""
+        """On the writer thread, once a checkpoint is whole under its name: up to the store, tell the callbacks,
+        prune."""
         if not upload:  # a folder of shards (sharded.py): not checked before it was written
             self.check_still_owner()
         if self.store is not None and upload:
@@ -125,9 +109,8 @@ class Checkpointer(Ownership):
             self.store.prune(self.config.keep_last, keep={self.name_of(step) for step in self.best})
 
     def prune(self) -> None:
-        """Keep the newest `keep_last` valid checkpoints, and the best (keep_best: never counted, never
-        pruned). A file that is not one (unreadable, cut short, foreign) is set aside under another
-        name with a warning and never counted, so it can never push a good checkpoint out."""
+        """Keep the newest `keep_last` valid checkpoints and the best (never counted). One that does not load is
+        set aside, never counted: it cannot push a good checkpoint out."""
         best = {self.folder / self.name_of(step) for step in self.best}
         valid = []
         for path in list_checkpoints(self.folder):
@@ -140,9 +123,9 @@ class Checkpointer(Ownership):
                         if not (isinstance(probe, dict) and {"model", "step"} <= probe.keys()):
                             raise NotACheckpoint("no 'model' or 'step'")
                 except Exception as error:
-                    aside = path.with_name(f"{path.name}.unreadable")
-                    os.replace(path, aside)
-                    log.warning("%s is not a valid checkpoint (%s): set aside as %s", path, str(error)[:80], aside.name)
+                    self.set_aside(path)
+                    log.warning("%s is not a valid checkpoint (%s): set aside as %s.unreadable", path, str(error)[:80],
+                                path.name)  # fmt: skip
                     continue
                 self._valid.add(path)
             if path not in best:
@@ -152,13 +135,13 @@ class Checkpointer(Ownership):
             self._valid.discard(old)
 
     def set_aside(self, path: Path) -> None:
-        """A checkpoint that failed to load: out of the way (by the writer), never tried again."""
+        """A checkpoint that failed to load: renamed out of the way (by the writer), never tried again."""
         if self.is_writer and path.exists():
             os.replace(path, path.with_name(f"{path.name}.unreadable"))
         self._valid.discard(path)
 
     def raise_if_failed(self) -> None:
-        """Without waiting: stop with the background write's error if it has failed."""
+        """Without waiting: the background write's error, if it has failed."""
         if self._error is not None:
             self.wait()
 
@@ -179,12 +162,8 @@ class Checkpointer(Ownership):
             ) from error
 
     def find_resume_payload(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
-        """The checkpoint to resume from per checkpoint.resume, loaded; None to start afresh.
-        `skip`: checkpoints that failed to load (a corrupt shard).
-
-        With a path, the run dir's own checkpoints win once there are any: a torchrun restart
-        must continue the job, not go back to where it started.
-        """
+        """The checkpoint checkpoint.resume names, loaded (the run's own, once there are any: a restart continues
+        the job); None to start afresh. `skip`: checkpoints that failed to load."""
         resume = self.config.resume
         if resume == "never":
             return None
@@ -206,9 +185,8 @@ class Checkpointer(Ownership):
         return found
 
     def newest_readable(self, skip: frozenset[Path] = frozenset()) -> tuple[Path, dict[str, Any]] | None:
-        """The newest whole, readable checkpoint of the local folder and (with a store) the store's, one
-        history: the store's is brought down when it is the newer (or the local copy of that step is not
-        whole); on a tie the local one is taken. With a store, a line says which and why."""
+        """The newest whole, readable checkpoint of the local folder and the store's (brought down; on a tie the
+        local one), and with a store a line that says which and why."""
         local = [path for path in list_checkpoints(self.folder) if path not in skip]
         stored = self.store.names() if self.store is not None and self.fetches else []
         stored = [name for name in stored if self.folder / name not in skip]
@@ -229,23 +207,23 @@ class Checkpointer(Ownership):
         return None
 
     def say_found(self, path: Path) -> None:
-        """newest_readable's line, for the local checkpoint the start's checks found (and brought down)."""
+        """newest_readable's line, for the checkpoint the start's checks found."""
         if self.store is not None and self.fetches:
             self.store.say_which(path.name, False, list_checkpoints(self.folder), self.store.names(), self.folder)
 
     def readable(self, path: Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             return path, load_checkpoint(path)
-        except Exception as error:  # truncated or corrupt: fall back to the next older one
+        except Exception as error:  # truncated or corrupt: the next older one
             log.warning("skipping unreadable checkpoint %s (%s); trying an older one", path, error)
             return None
 
     def holds_every_shard(self, path: Path) -> bool:
-        """Whether a local checkpoint holds all of itself: a file does (sharded.py's writer says for a folder)."""
+        """Whether a local checkpoint holds all of itself: a file does (sharded.py's answers for a folder)."""
         return True
 
     def refuse_to_overwrite(self) -> None:
-        """checkpoint.resume=never must not write over a run's checkpoints: refuse at launch."""
+        """checkpoint.resume=never never writes over a run's checkpoints: refused at launch."""
         if self.config.resume != "never":
             return
         existing = [path.name for path in list_checkpoints(self.folder)]
@@ -260,9 +238,8 @@ class Checkpointer(Ownership):
 
 
 def is_storage_error(error: BaseException | None) -> bool:
-    """Whether a failed write is the disk's doing (full, read-only, no permission), which a restart
-    would only repeat, rather than a lost peer's (a sharded save is a collective). DCP gathers the
-    ranks' failures into one exception, each with its traceback."""
+    """Whether a failed write is the disk's doing (full, read-only, no permission), which a restart would
+    repeat, rather than a lost peer's in a collective sharded save (DCP gathers the ranks' failures)."""
     if error is None or isinstance(error, ConnectionError):
         return False
     if isinstance(error, OSError):

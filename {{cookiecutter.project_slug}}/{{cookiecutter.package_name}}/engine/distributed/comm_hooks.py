@@ -1,10 +1,5 @@
-"""Gradient compression through DDP communication hooks (`ddp.comm_hook`), and their checkpointed state.
-
-- `fp16` / `bf16`: gradients are cast to 16 bits for the all-reduce: half the bytes, a little precision.
-- `powersgd`: low-rank compression (rank `ddp.powersgd_rank`) after `ddp.powersgd_start_iter`
-  plain steps, with error feedback: each rank keeps the part of its gradient that the
-  compression left out and adds it to the next step's. That memory is training state: it goes
-  into the checkpoint, one entry per rank, so a resumed run continues as the uninterrupted one.
+"""Gradient compression through DDP communication hooks (`ddp.comm_hook`: fp16, bf16, powersgd), and PowerSGD's
+memory as a checkpoint's part, so that a resumed run continues as the uninterrupted one (docs/communication.md).
 """
 
 from __future__ import annotations
@@ -48,13 +43,9 @@ Layout = list[tuple[str, torch.Size]]  # the parameters of one gradient bucket, 
 
 
 class PowerSGDHook:
-    """torch's PowerSGD hook, with its memory kept per parameter across bucket layouts.
-
-    PowerSGD keys its error feedback and warm-start memory by bucket index, and DDP lays its
-    buckets out anew in the first iterations of every process (a resumed one too). So the
-    memory is re-cut whenever a bucket's parameters change, and saved per parameter: then a
-    resumed run continues exactly where the uninterrupted one would be.
-    """
+    """torch's PowerSGD hook, its memory kept per parameter: PowerSGD keys its error feedback and warm-start memory
+    by bucket, and DDP lays its buckets out anew early in every process (a resumed one too), so the memory is re-cut
+    whenever a bucket's parameters change and saved per parameter."""
 
     def __init__(self, state: Any, module: nn.Module, env: DistEnv) -> None:
         self.state, self.env = state, env
@@ -116,10 +107,7 @@ class PowerSGDHook:
         self.layouts[index] = layout
 
     def state_dict(self) -> dict[str, Any] | None:
-        """Tensors and plain values, every rank's error feedback gathered on rank 0.
-
-        A collective: every rank calls it at the same point; rank 0 gets the dict, others None.
-        """
+        """Tensors and plain values, every rank's error feedback gathered on rank 0 (a collective; None elsewhere)."""
         errors, qs = self.per_parameter()
         errors_per_rank: list[dict[str, torch.Tensor]] = [{} for _ in range(self.env.world_size)]
         for name in sorted(errors):

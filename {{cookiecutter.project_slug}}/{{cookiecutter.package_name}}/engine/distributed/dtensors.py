@@ -1,7 +1,5 @@
-"""Tensors that may be sharded: a sharding strategy's parameters, gradients and norms are DTensors,
-ddp's plain tensors. Asked without importing torch.distributed.tensor (a second of the start of eval.py,
-predict.py and a one-process run; a DDP or sharded job imports it anyway), so that the trainer, the
-EMA and the strategies share these without any of them importing another's module."""
+"""Tensors that may be sharded (a sharding strategy's DTensors, ddp's plain tensors), asked about without importing
+torch.distributed.tensor (a second of the start of eval.py, predict.py and a one-process run)."""
 
 from __future__ import annotations
 

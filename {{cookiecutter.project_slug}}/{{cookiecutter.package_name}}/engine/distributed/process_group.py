@@ -1,9 +1,6 @@
-"""Process group, device and rank helpers.
-
-Every helper answers for a world of one when no process group exists, so the same code runs
-under `python train.py` and under torchrun with N ranks. The backend is chosen from the
-devices in exactly one place (`choose_backend`, common/placement.py); later code asks for `env.device`, never
-for the backend.
+"""Process group, device and rank helpers and collectives, each answering for a world of one without a process
+group (`python train.py` and torchrun run the same code). The backend is chosen in one place (common/placement.py's
+choose_backend); later code asks for `env.device`, never for the backend.
 """
 
 from __future__ import annotations
@@ -29,10 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def keep_ddp_working_on_gloo(backend: str) -> None:
-    """Call before the process group exists. TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the process group
-    in a collective checker, and DDP's constructor then crashes on gloo (a segfault in
-    c10d::Logger::set_env_variables, which takes the wrapper for a gloo backend: torch 2.14).
-    On gloo, DEBUG=1 therefore gets INFO: DDP's set-up is still logged, nothing is checked."""
+    """Before the process group exists: on gloo, TORCH_DISTRIBUTED_DEBUG=DETAIL becomes INFO, since DETAIL's
+    collective checker makes DDP's constructor segfault there (c10d::Logger::set_env_variables, torch 2.14)."""
     if backend == "gloo" and dist.get_debug_level() == dist.DebugLevel.DETAIL:
         dist.set_debug_level(dist.DebugLevel.INFO)
 
@@ -42,11 +37,8 @@ def env_int(name: str, default: int) -> int:
 
 
 def process_env(config: DistConfig, visible_gpus: int | None = None) -> tuple[int, int, int, int, BackendChoice]:
-    """Read torchrun's variables (a world of one without them) and choose the backend.
-
-    `visible_gpus` stands in for the GPUs torch sees when a launch script checks a launch
-    for GPUs it was told about (GPUS=...) before the job starts.
-    """
+    """torchrun's variables (a world of one without them) and the backend; `visible_gpus` stands in for the GPUs
+    torch sees (a launch checked for the GPUS=... it was told about)."""
     rank, world_size = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
     local_rank, local_world_size = env_int("LOCAL_RANK", 0), env_int("LOCAL_WORLD_SIZE", 1)
     if visible_gpus is None:
@@ -56,12 +48,8 @@ def process_env(config: DistConfig, visible_gpus: int | None = None) -> tuple[in
 
 
 def restart_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
-    """A key space of its own for each torchrun restart, when workers share the agent's store.
-
-    torchrun keeps one TCPStore for the whole job and hands it to every generation of
-    workers without a per-restart prefix; a restarted worker can then read the address a
-    dead peer published and fail with gloo's "Connection refused". None: plain env://.
-    """
+    """A key space of its own for each torchrun restart where workers share the agent's store (else a restarted
+    worker can read a dead peer's address and fail with gloo's "Connection refused"); None: plain env://."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     shared = dist.TCPStore(
@@ -74,8 +62,7 @@ REFUSED_KEY = f"{__package__}.refused"  # a node's refusal, in the workers' stor
 
 
 def store_client(seconds: float) -> dist.Store | None:
-    """A client of the workers' store (torchrun's MASTER_ADDR:MASTER_PORT), or None where none answers
-    within `seconds`."""
+    """A client of the workers' store (MASTER_ADDR:MASTER_PORT), or None where none answers within `seconds`."""
     try:
         address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         timeout = datetime.timedelta(seconds=seconds)
@@ -85,9 +72,8 @@ def store_client(seconds: float) -> dist.Store | None:
 
 
 def tell_the_other_nodes(line: str) -> None:
-    """This node refuses the job before it joins the process group: its line in the workers' store, where
-    the other nodes' workers, waiting for it to join, read it (refusals_of_other_nodes). Best effort: a
-    store that does not answer (node 0 refused, or is still checking) leaves it to the launchers."""
+    """This node's refusal, before it joins the process group, in the workers' store for the other nodes'
+    workers (refusals_of_other_nodes); best effort: a store that does not answer leaves it to the launchers."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and env_int("RANK", 0) == 0:
         return  # the workers' store would be this rank's own (an elastic job's), never started
     if env_int("GROUP_WORLD_SIZE", 1) > 1 and (store := store_client(5)) is not None:
@@ -97,10 +83,8 @@ def tell_the_other_nodes(line: str) -> None:
 
 @contextlib.contextmanager
 def refusals_of_other_nodes(on_refused: Callable[[str], object] | None) -> Iterator[None]:
-    """While this rank waits for every rank to join the process group: another node's refusal, read from
-    the workers' store, is handed to `on_refused` (which ends the process), rather than this rank waiting
-    for a node that will never join until dist.timeout_s. Once the group is formed, every node passed its
-    checks: the watch ends."""
+    """While this rank waits for the process group to form: another node's refusal, read from the workers' store,
+    goes to `on_refused` (which ends the process) rather than this rank waiting until dist.timeout_s."""
     if on_refused is None or env_int("GROUP_WORLD_SIZE", 1) <= 1:
         yield
         return
@@ -128,12 +112,8 @@ def refusals_of_other_nodes(on_refused: Callable[[str], object] | None) -> Itera
 def distributed(
     config: DistConfig, group_of_one: bool = False, on_refused: Callable[[str], object] | None = None
 ) -> Iterator[DistEnv]:
-    """Initialise the process group from torchrun's environment and always destroy it.
-
-    A world of one has no process group unless `group_of_one` (a device mesh needs one).
-    Exceptions propagate unchanged, so torchrun sees a failed worker and can restart it. On many
-    nodes, `on_refused` gets another node's refusal while this rank waits for the group to form.
-    """
+    """The process group from torchrun's environment (a world of one has none unless `group_of_one`), always
+    destroyed; exceptions propagate unchanged (torchrun restarts a failed worker). `on_refused`: as above."""
     rank, local_rank, world_size, local_world_size, choice = process_env(config)
     if choice.use_cuda:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -187,7 +167,7 @@ def get_world_size() -> int:
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum `tensor` over all ranks in place (a no-op for a world of one) and return it."""
+    """`tensor` summed over all ranks in place."""
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
@@ -218,7 +198,7 @@ def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
 
 def all_gather_tensors(piece: dict[str, Any], device: torch.device, keep: bool = True) -> list[dict[str, Any]]:
     """Every rank's `piece` (tensors on the host, in dicts), in rank order, read back with weights_only; []
-    where not `keep` (the bytes still reach every rank: an all-gather). A world of one: its piece itself."""
+    where not `keep` (an all-gather all the same)."""
     if not is_distributed():
         return [piece] if keep else []
     buffer = io.BytesIO()
@@ -228,7 +208,7 @@ def all_gather_tensors(piece: dict[str, Any], device: torch.device, keep: bool =
 
 
 def broadcast_bytes(data: bytes | None, src: int, device: torch.device) -> bytes:
-    """Rank `src`'s bytes on every rank (a file, say), through the training backend."""
+    """Rank `src`'s bytes on every rank (a file, say)."""
     size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)
     dist.broadcast(size, src=src)
     if get_rank() == src and data:
@@ -252,8 +232,7 @@ BUFFER_BROADCAST_BYTES = 250 * 2**20  # as DDP coalesces its buffer broadcasts
 
 
 def sync_buffers_from_rank_zero(module: torch.nn.Module) -> None:
-    """Give every rank rank 0's buffers (BatchNorm statistics drift apart in every step), in one
-    coalesced broadcast: the rule every strategy keeps (DDP's broadcast_buffers, the others after each step)."""
-    buffers = [buffer for buffer in module.buffers()]
+    """Rank 0's buffers (BatchNorm statistics drift apart in every step) on every rank, in one coalesced broadcast."""
+    buffers = list(module.buffers())
     if is_distributed() and buffers:
         dist._broadcast_coalesced(dist.distributed_c10d._get_default_group(), buffers, BUFFER_BROADCAST_BYTES, 0)

@@ -1,12 +1,6 @@
-"""How the model is spread over the ranks: one module per strategy, one small interface.
-
-- ddp.py: a whole model per rank, gradients all-reduced (DistributedDataParallel);
-- the modules beside it, where the project has them: strategies that shard parameters, gradients
-  and optimizer state over the ranks (each module's docstring says how).
-
-`strategy=<name>` picks the module of that name; everything the engine does differently by strategy
-(wrapping, the buffers rule, checkpoint contents and writer, lock-step evaluation, the weights for a
-fingerprint or an export) is a method here. Outside this package nothing asks which strategy runs.
+"""How the model is spread over the ranks: one module per strategy (`strategy=<name>`: ddp.py, and those that shard
+the model where the project has them), one small interface. Everything the engine does differently by strategy is
+a method here: outside this package nothing asks which strategy runs.
 """
 
 from __future__ import annotations
@@ -25,8 +19,8 @@ from ..distributed.process_group import sync_buffers_from_rank_zero
 
 
 class Strategy:
-    """The interface, with what most strategies share. Set up in three steps: `prepare` the model on
-    its device (before the optimizer exists), `wrap` it with its optimizer (what trains), then train."""
+    """The interface, with what most strategies share: `prepare` the model on its device (before the optimizer
+    exists), `wrap` it with its optimizer (what trains), then train."""
 
     name: ClassVar[str]
     needs_group_of_one: ClassVar[bool] = False  # a process group even for one process (a device mesh needs it)
@@ -59,7 +53,7 @@ class Strategy:
         """After each optimizer step."""
 
     def sync_buffers(self) -> None:
-        """Give every rank rank 0's buffers: the rule every strategy keeps, before evaluation too."""
+        """Rank 0's buffers on every rank: the rule every strategy keeps, before evaluation too."""
         assert self.model is not None
         sync_buffers_from_rank_zero(self.model)
 
@@ -68,8 +62,7 @@ class Strategy:
         raise NotImplementedError
 
     def load_state_dict(self, payload: dict[str, Any], source: Path) -> None:
-        """The inverse of any strategy's state_dict(): a whole `.pt` payload, or a folder of shards
-        (`source`) whose payload holds no tensors."""
+        """The inverse of any strategy's state_dict(): a whole `.pt`'s payload, or a folder of shards' (`source`)."""
         raise NotImplementedError
 
     def checkpointer(self, folder: Path, config: CheckpointConfig, is_writer: bool) -> Any:
@@ -81,8 +74,7 @@ class Strategy:
         raise NotImplementedError
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """The whole model state dict, for a fingerprint or an export: on every rank that holds it
-        whole, on rank 0 alone ({} elsewhere) where it must be gathered."""
+        """The whole model state dict (a fingerprint, an export): on rank 0 alone ({} elsewhere) where gathered."""
         raise NotImplementedError
 
 

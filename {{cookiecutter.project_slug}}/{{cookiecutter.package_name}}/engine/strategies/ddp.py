@@ -1,8 +1,5 @@
-"""strategy=ddp: a whole model on every rank, gradients all-reduced by DistributedDataParallel.
-
-Every ddp.* knob reaches DDP; `ddp.comm_hook` compresses the gradients (../distributed/comm_hooks.py, PowerSGD's
-memory checkpointed); `ddp.sync_batchnorm` converts BatchNorm to SyncBatchNorm. Buffers follow rank 0
-at every forward (`ddp.broadcast_buffers`). Rank 0 writes one `step_<N>.pt` per checkpoint.
+"""strategy=ddp: a whole model on every rank, gradients all-reduced by DistributedDataParallel with every ddp.* knob
+(`ddp.comm_hook`: ../distributed/comm_hooks.py); rank 0 writes one `step_<N>.pt` per checkpoint.
 """
 
 from __future__ import annotations
@@ -83,7 +80,7 @@ class DDP(Strategy):
 
     def load_state_dict(self, payload: dict[str, Any], source: Path) -> None:
         assert self.model is not None and self.optimizer is not None
-        if "model" not in payload:  # a folder of shards (a sharding strategy's): each rank reads the tensors whole
+        if "model" not in payload:  # a folder of shards: each rank reads the tensors whole
             shards_reader(source).load_sharded(source, self.model, self.optimizer)
         else:
             restore(self.model, payload, source)
