@@ -3,6 +3,7 @@ said in one line, not found out after minutes of swapping (docs/launching.md).""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 from pathlib import Path
@@ -19,20 +20,16 @@ def cpu_cores() -> int:
 def available_memory() -> int | None:
     """Bytes this job may still take: the machine's MemAvailable, or less under a cgroup limit."""
     amounts = []
-    try:
+    with contextlib.suppress(OSError, StopIteration, ValueError):
         meminfo = Path("/proc/meminfo").read_text().splitlines()
         amounts.append(int(next(line for line in meminfo if line.startswith("MemAvailable:")).split()[1]) * 1024)
-    except (OSError, StopIteration, ValueError):
-        pass
     if (folder := own_cgroup()) is not None:
         v2 = (folder / "memory.max").is_file()
         limit, usage = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        try:
+        with contextlib.suppress(OSError, ValueError):
             limit_text = (folder / limit).read_text().strip()
             if limit_text != "max" and int(limit_text) < 2**60:  # v1 writes "no limit" as a huge number
                 amounts.append(int(limit_text) - int((folder / usage).read_text()))
-        except (OSError, ValueError):
-            pass
     return min(amounts) if amounts else None
 
 
@@ -59,11 +56,9 @@ def oom_kills(folder: Path | None = None) -> int | None:
     """How many processes of this cgroup the out-of-memory killer has ended so far (None: unknown)."""
     folder = folder if folder is not None else own_cgroup()
     for name in ("memory.events", "memory.oom_control"):  # v2, v1
-        try:
+        with contextlib.suppress(OSError, StopIteration, ValueError):
             lines = (folder / name).read_text().splitlines() if folder else []
             return int(next(line for line in lines if line.startswith("oom_kill ")).split()[1])
-        except (OSError, StopIteration, ValueError):
-            continue
     return None
 
 

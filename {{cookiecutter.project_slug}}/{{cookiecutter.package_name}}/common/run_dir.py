@@ -3,6 +3,7 @@ markers the workers leave there for the launcher, and `.hydra/` (written here, r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -67,10 +68,8 @@ def write_marker(run_dir: Path | None, name: str, text: str) -> bool:
 def read_marker(run_dir: Path | None, name: str, control_dir: Path | None = None) -> str | None:
     """A marker's text (its first copy found), or None."""
     for folder in marker_dirs(run_dir, control_dir):
-        try:
+        with contextlib.suppress(OSError):
             return (folder / name).read_text()
-        except OSError:
-            continue
     return None
 
 

@@ -71,8 +71,7 @@ def sweep_module() -> ModuleType | None:
 
 
 def keys_of(mode: str) -> list[Key]:
-    """The keys `mode` takes: those of KEYS for it (and sweep.py's for single), or a mode of launch/modes/'s
-    SHARED_KEYS and KEYS."""
+    """The keys `mode` takes: KEYS' for it (and sweep.py's for single), or a mode's SHARED_KEYS and KEYS."""
     if mode in SCRIPTS:
         sweeps = sweep_module() if mode == "single" else None
         return [key for key in KEYS if mode in key.modes] + list(sweeps.KEYS if sweeps is not None else ())

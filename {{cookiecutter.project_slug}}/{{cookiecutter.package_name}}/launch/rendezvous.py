@@ -4,6 +4,7 @@ stop soon after node 0 has stopped (NodeZeroWatch); docs/launching.md."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from dataclasses import dataclass
@@ -58,9 +59,8 @@ class NodeWait:
     children_since: float | None = None
 
     def joined(self, has_children: bool, now: float) -> bool:
-        """Whether torchrun has started its workers, which it does once all nodes came: children seen for
-        `steady_s` on end. A child of a moment is not a worker: torch's import in torchrun runs `ldconfig -p`
-        (ctypes' find_library), and a node alone that saw it waited for ever (seen under load)."""
+        """Whether torchrun has started its workers (once all nodes came): children seen for `steady_s` on end,
+        not a child of a moment (torch's import runs `ldconfig -p`: a node alone took it and waited for ever)."""
         if not has_children:
             self.children_since = None
             return False
@@ -123,9 +123,7 @@ def has_children(pid: int) -> bool:
     except OSError:
         return True
     for task in tasks:
-        try:
+        with contextlib.suppress(OSError):  # that thread has ended
             if (task / "children").read_text().strip():
                 return True
-        except OSError:
-            continue  # that thread has ended
     return False
