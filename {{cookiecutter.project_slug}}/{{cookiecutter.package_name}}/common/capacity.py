@@ -1,10 +1,9 @@
-"""Whether this machine can hold a job's processes, and what the kernel's out-of-memory killer did to
-them: said in one line, not found out after minutes of swapping. The launcher asks before torchrun
-with a worker's bare start (WORKER_START_BYTES); each node's first worker asks again as it starts, with
-what building the model and a batch took it (engine/assembly/checks.py)."""
+"""Whether this machine can hold a job's processes, and what the kernel's out-of-memory killer did to them:
+said in one line, not found out after minutes of swapping (docs/launching.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 from pathlib import Path
@@ -14,34 +13,28 @@ WORKER_START_BYTES = GIB // 2  # a worker that has imported torch and the projec
 
 
 def cpu_cores() -> int:
-    """The cores this process may run on."""
+    """The cores this process may run on: its affinity (a cpuset or taskset leaves fewer than the machine has)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def available_memory() -> int | None:
     """Bytes this job may still take: the machine's MemAvailable, or less under a cgroup limit."""
     amounts = []
-    try:
+    with contextlib.suppress(OSError, StopIteration, ValueError):
         meminfo = Path("/proc/meminfo").read_text().splitlines()
         amounts.append(int(next(line for line in meminfo if line.startswith("MemAvailable:")).split()[1]) * 1024)
-    except (OSError, StopIteration, ValueError):
-        pass
-    folder = own_cgroup()
-    if folder is not None:
+    if (folder := own_cgroup()) is not None:
         v2 = (folder / "memory.max").is_file()
         limit, usage = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        try:
+        with contextlib.suppress(OSError, ValueError):
             limit_text = (folder / limit).read_text().strip()
             if limit_text != "max" and int(limit_text) < 2**60:  # v1 writes "no limit" as a huge number
                 amounts.append(int(limit_text) - int((folder / usage).read_text()))
-        except (OSError, ValueError):
-            pass
     return min(amounts) if amounts else None
 
 
 def own_cgroup() -> Path | None:
-    """This process's memory cgroup folder (v2, or v1's memory controller): where the kernel counts its
-    out-of-memory kills; None where there is none to read."""
+    """This process's memory cgroup folder (v2, or v1's memory controller), or None."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -63,11 +56,9 @@ def oom_kills(folder: Path | None = None) -> int | None:
     """How many processes of this cgroup the out-of-memory killer has ended so far (None: unknown)."""
     folder = folder if folder is not None else own_cgroup()
     for name in ("memory.events", "memory.oom_control"):  # v2, v1
-        try:
+        with contextlib.suppress(OSError, StopIteration, ValueError):
             lines = (folder / name).read_text().splitlines() if folder else []
             return int(next(line for line in lines if line.startswith("oom_kill ")).split()[1])
-        except (OSError, StopIteration, ValueError):
-            continue
     return None
 
 
@@ -80,8 +71,7 @@ def check_processes_fit(
     nproc: int, per_process: int, on_gpus: bool, available: int | None, measured: str = "a worker's start takes"
 ) -> str | None:
     """None when `nproc` processes of about `per_process` bytes each fit in memory; else the one line that
-    refuses them (`measured`: what the estimate is). More processes than cores on CPUs is only a warning
-    (see `too_many_for_the_cores`)."""
+    refuses them (`measured`: what the estimate is)."""
     if available is None or nproc * per_process <= available:
         return None
     most = max(1, available // per_process)

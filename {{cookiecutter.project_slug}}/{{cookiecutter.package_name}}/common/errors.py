@@ -1,13 +1,8 @@
-"""The errors a user meets, and the one way each is said.
-
-- ConfigError: a mistake in the configuration or the launch, found before any work: one line on
-  stderr, no traceback, exit code 2 (`fail`).
-- JobError: an error during training that no restart can fix (a diverged loss, a corrupt data file,
-  a failed checkpoint write, nodes launched with other settings): the job stops once, with one line
-  and its exit code; the traceback goes to the rank's log file, and torchrun does not restart the
-  workers (engine/assembly/entry.py).
-- Preempted: not an error; a stop signal after its checkpoint, 128 + the signal as the exit code.
-"""
+"""The errors a user meets, and the one way each is said: a ConfigError (a mistake found before any work) is
+one line on stderr and exit code 2 (`fail`); a JobError (an error during training no restart can fix: a
+diverged loss, a corrupt data file, nodes launched with other settings) stops the job once, in one line and
+its exit code, the traceback in the rank's log file (engine/assembly/entry.py); Preempted is a stop signal
+after its checkpoint, 128 + the signal as the exit code."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ USER_ERROR_EXIT = 2
 
 
 class ConfigError(ValueError):
-    """A user mistake in the configuration or the launch; reported as one line, no traceback."""
+    """A user mistake in the configuration or the launch."""
 
 
 class JobError(RuntimeError):
@@ -33,7 +28,7 @@ class JobError(RuntimeError):
 
 
 class Preempted(Exception):
-    """Raised after the checkpoint that a stop signal asked for is on disk."""
+    """The checkpoint a stop signal asked for is on disk."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)

@@ -1,8 +1,6 @@
-"""Where a job's processes run. Which communication backend and device kind a job of this many
-processes per node gets on this many GPUs: asked in one place, by the launcher before torchrun (no
-torch imported) and by each worker as it starts (engine/distributed/process_group.py), so that both refuse the same
-combinations with the same line. And where one process sits in the job (DistEnv), which the engine
-and what observes it read."""
+"""Where a job's processes run: the backend and device kind for this many processes per node on this many
+GPUs, asked by the launcher (no torch) and by each worker (engine/distributed/process_group.py) so that both
+refuse the same combinations with the same line; and where one process sits in the job (DistEnv)."""
 
 from __future__ import annotations
 
@@ -44,12 +42,8 @@ class BackendChoice:
 
 
 def choose_backend(requested: str, visible_gpus: int, local_world_size: int, mpi_available: bool) -> BackendChoice:
-    """Pick the backend and device kind; raise ConfigError for a combination that cannot work.
-
-    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so with more local ranks
-    than visible GPUs `auto` falls back to gloo with the ranks sharing the GPUs, and an
-    explicit `nccl` is refused before NCCL gets the chance to fail obscurely.
-    """
+    """The backend and device kind; ConfigError for a combination that cannot work. NCCL refuses two ranks on
+    one GPU: with more local ranks than GPUs `auto` falls back to gloo, and `nccl` is refused."""
     enough_gpus = visible_gpus >= local_world_size
     if requested == "auto":
         if visible_gpus == 0:
@@ -75,9 +69,8 @@ def choose_backend(requested: str, visible_gpus: int, local_world_size: int, mpi
 
 
 def visible_gpu_count(environ: Mapping[str, str] | None = None, driver: Path = Path("/proc/driver/nvidia/gpus")) -> int:
-    """The GPUs a job may use, without importing torch (the launcher's seconds): CUDA_VISIBLE_DEVICES
-    when set, else the GPUs NVIDIA's driver lists (or its device files, where /proc does not show them).
-    The workers count with torch itself."""
+    """The GPUs a job may use, without torch: CUDA_VISIBLE_DEVICES when set, else the GPUs NVIDIA's driver
+    lists (or its device files, where /proc does not show them)."""
     environ = os.environ if environ is None else environ
     if "CUDA_VISIBLE_DEVICES" in environ:
         return len([item for item in environ["CUDA_VISIBLE_DEVICES"].split(",") if item.strip()])

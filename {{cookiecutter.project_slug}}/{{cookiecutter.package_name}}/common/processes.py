@@ -1,6 +1,5 @@
-"""How the job's processes end: with the one that started them, whoever that is (the launcher's
-torchrun, torchrun's workers), and at once when their work is done. Shared by the launcher and the
-workers."""
+"""How the job's processes end: with the one that started them (the launcher's torchrun, torchrun's
+workers), and at once when their work is done."""
 
 from __future__ import annotations
 
@@ -47,9 +46,8 @@ def own_group_dying_with_parent() -> None:
 
 
 def exit_now(code: int) -> NoReturn:
-    """End a process whose work is done and written (logs flushed, files closed, threads joined by
-    their owners), without the interpreter's teardown: torch's takes a worker seconds after its last
-    line, which every job would pay at its end (docs/speed.md)."""
+    """End a process whose work is done and written (logs flushed, files closed, threads joined by their
+    owners), without the interpreter's teardown: torch's takes seconds (docs/speed.md)."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # the terminal is gone, or the stream closed

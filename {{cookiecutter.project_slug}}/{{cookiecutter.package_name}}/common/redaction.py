@@ -1,10 +1,6 @@
-"""Credentials never reach a file, a log line or a tracker: what is written of the config and the
-logs goes through `redact`.
-
-A password in a URI (`http://user:secret@host`, `ftp://key:secret@host`) becomes `***`, and so
-does the whole value of a key whose name says it holds a secret (password, token, secret, api_key,
-credentials). The job itself still uses the real values: only what is written down is redacted.
-"""
+"""Credentials never reach a file, a log line or a tracker: a password in a URI (`http://user:secret@host`)
+becomes `***` in what is written down, and so does the whole value of a key whose name says it holds a
+secret (password, token, secret, api_key, credentials). The job itself still uses the real values."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Members found by what is present: a package (models/, tasks/, datasets/) whose optional parts are
-modules of their own, each with a `BUILDABLE` tuple. A project made without one (cookiecutter's options)
-simply lacks the file; nothing names it, and its old name `<package>.<Name>` (configs, saved checkpoints,
-imports) keeps working where it is present."""
+"""Members found by what is present: a package (models/, tasks/, datasets/) whose optional parts are modules
+of their own, each with a `BUILDABLE` tuple. A project made without one simply lacks the file, and its name
+`<package>.<Name>` (configs, saved checkpoints, imports) keeps working where it is present."""
 
 from __future__ import annotations
 
@@ -16,9 +15,8 @@ from typing import Any
 
 
 def modules_with(package: str, path: Iterable[str], marker: str) -> tuple[ModuleType, ...]:
-    """The modules of `package` (its `__path__`) whose source names `marker` (`BUILDABLE`, a command's
-    `add_prepare_arguments`), imported, in name order; looked for once. A module that does not is left
-    alone: a command run as `python -m` must not be imported by its package before it runs."""
+    """The modules of `package` (its `__path__`) whose source names `marker`, imported, in name order; looked
+    for once. A module that does not is left alone: a command run as `python -m` must not be imported first."""
     return _modules_with(package, tuple(path), marker)
 
 

@@ -1,20 +1,9 @@
-"""How the run dir is chosen: one dir per job, shared by every rank and every restart.
-
-Hydra's usual `outputs/${now:...}` is evaluated in each process, so the ranks of one job
-(started a few milliseconds apart) and every torchrun restart would each get a dir of their
-own, and a restarted job would not find its checkpoints. The run dir is therefore:
-
-1. `hydra.run.dir=...` when given (the launch scripts always give it);
-2. under torchrun, `outputs/torchrun_<TORCHELASTIC_RUN_ID>`: the same for all ranks and all
-   restarts (with --standalone the id is a fresh uuid per launch; with --rdzv-id it is yours);
-3. without torchrun (`python train.py`), a timestamped dir as usual.
-
-The markers the workers leave for the launcher, and `.hydra/` (written here, redacted), are part of
-this contract too.
-"""
+"""The run dir: one per job, shared by every rank and every restart (docs/pitfalls.md), its files, the
+markers the workers leave there for the launcher, and `.hydra/` (written here, redacted)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -49,7 +38,7 @@ STORE_ADDRESS_ENV = "TRAIN_STORE_ADDRESS"  # where torchrun's stores listen (age
 
 def launch_environment(mode: str, argv: list[str]) -> dict[str, str]:
     """The launcher's command (`mode` and its arguments, a JSON list) for the workers, under the name a module
-    of this folder reads it by (its LAUNCH_COMMAND_ENV), found by what is present: nothing where none does."""
+    of this folder reads it by (its LAUNCH_COMMAND_ENV), where one is present."""
     found = modules_with(__package__, [str(Path(__file__).parent)], "LAUNCH_COMMAND_ENV")
     command = json.dumps([mode, *argv])
     return {module.LAUNCH_COMMAND_ENV: command for module in found if hasattr(module, "LAUNCH_COMMAND_ENV")}
@@ -79,10 +68,8 @@ def write_marker(run_dir: Path | None, name: str, text: str) -> bool:
 def read_marker(run_dir: Path | None, name: str, control_dir: Path | None = None) -> str | None:
     """A marker's text (its first copy found), or None."""
     for folder in marker_dirs(run_dir, control_dir):
-        try:
+        with contextlib.suppress(OSError):
             return (folder / name).read_text()
-        except OSError:
-            continue
     return None
 
 
@@ -94,9 +81,9 @@ def clear_markers(run_dir: Path | None, control_dir: Path | None = None) -> None
 
 
 def job_run_dir() -> str:
-    """The run dir when none is given: see the module docstring."""
+    """The run dir when none is given (`hydra.run.dir=...`, which the launcher always gives)."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and run_id != "none":
+    if run_id and run_id != "none":  # the same for all ranks and restarts (--standalone: a uuid per launch)
         return os.path.join(OUTPUT_ROOT, f"torchrun_{run_id}")
     if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Static rendezvous without an id: nothing job-wide to build a name from.
@@ -105,7 +92,7 @@ def job_run_dir() -> str:
 
 
 def register_resolvers() -> None:
-    """Register the resolver that configs/train.yaml uses under `hydra:`."""
+    """The resolver that configs/train.yaml uses under `hydra:`."""
     OmegaConf.register_new_resolver("job_run_dir", job_run_dir, replace=True)
 
 

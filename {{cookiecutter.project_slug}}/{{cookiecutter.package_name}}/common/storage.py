@@ -1,7 +1,6 @@
-"""Where a command's files are: this machine's disks. A URL (`scheme://...`) is no path here: a command
-that reads a checkpoint from the disk refuses one in one line, and a setting that may name a store of
-files elsewhere (checkpoint.dir) reaches it through `store_module`, where the project has one. Shared by
-the launcher and the workers; no torch."""
+"""Where a command's files are: this machine's disks. A URL (`scheme://...`) is no path here: a command that
+reads a checkpoint from the disk refuses one in one line, and checkpoint.dir may name a store of files
+elsewhere, reached through `store_module` where the project has one."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from .registry import modules_with
 
 
 def stores() -> ModuleType | None:
-    """The module that reaches stores of files elsewhere (its STORE_PACKAGES: each URL scheme's client), where
-    this project has one, found by what is present."""
+    """The module that reaches stores of files elsewhere (its STORE_PACKAGES), where this project has one."""
     found = modules_with(__package__, [str(Path(__file__).parent)], "STORE_PACKAGES")
     return next((module for module in found if hasattr(module, "STORE_PACKAGES")), None)  # not this one
 

@@ -1,5 +1,4 @@
-"""`python -m <package>.launch single|multi|<mode> ...`: what scripts/run_single.sh, run_multi.sh and the
-scripts of launch/modes/ run (main.py)."""
+"""`python -m <package>.launch single|multi|<mode> ...`: what the scripts run (main.py)."""
 
 import sys
 

@@ -1,17 +1,9 @@
-"""torchrun's agent as the launcher starts it: `python -m {{ cookiecutter.package_name }}.launch.agent [torchrun's arguments]`.
-
-The same agent as `python -m torch.distributed.run` (torchrun), with two differences:
-- its stores listen on STORE_ADDRESS_ENV alone where the launcher sets it (127.0.0.1 for a job on one
-  node, LOCAL_ADDR on many), not on every interface: torch.distributed's store has no authentication,
-  and anyone who reaches it can read and write the job's keys;
-- it is quieter on the console where torchrun prints its own traceback over what the workers said: a
-  signal the launcher forwarded (SIGTERM, SIGINT, SIGHUP) ends it with 128 + the signal, and failed
-  workers are summarised as torchrun does (rank, exit code, their traceback), exit code 1;
-- its wait for the other nodes' agents once its workers have ended (torchrun's exit barrier) fails in
-  silence when node 0 has already gone: node 0's agent serves that wait's store, and its launcher stops
-  it as soon as a worker has refused or stopped the job (exit code 0, so that torchrun restarts nothing).
-  That failure was a traceback on the console under the launcher's one line.
-"""
+"""torchrun's agent as the launcher starts it: `python -m <package>.launch.agent [torchrun's arguments]`, the same
+agent as `python -m torch.distributed.run` but for its stores listening on STORE_ADDRESS_ENV alone where the
+launcher sets it (the store has no authentication: docs/launching.md), and quieter: a forwarded signal ends it
+with 128 + the signal, failed workers are summarised as torchrun does (exit code 1), and its exit barrier fails
+in silence once node 0 has gone (node 0's launcher stops its agent, which serves that barrier's store, as soon
+as a worker has refused or stopped the job)."""
 
 from __future__ import annotations
 
@@ -65,30 +57,20 @@ def bind_stores(address: str) -> None:
     handler._create_tcp_store_server = bootstrap_store  # type: ignore[method-assign]
 
 
-EXIT_BARRIER_FAILED = "Error waiting on exit barrier"  # torchrun's log line, with the traceback
-
-
-class NoExitBarrierFailure(logging.Filter):
-    """Drops torchrun's log of its exit barrier failing: the workers of this node have ended by then, and
-    the barrier fails only when the node serving its store (node 0) has ended too; the launcher's markers,
-    not the barrier, say how the job ended."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(EXIT_BARRIER_FAILED)
+def not_exit_barrier_failure(record: logging.LogRecord) -> bool:
+    """torchrun's log of its exit barrier failing (with a traceback) is dropped: this node's workers have ended
+    by then, and the launcher's markers, not the barrier, say how the job ended."""
+    return not str(record.msg).startswith("Error waiting on exit barrier")
 
 
 def quiet_exit_barrier() -> None:
-    """torchrun's agent logs its exit barrier's failure without a traceback or a line (NoExitBarrierFailure)."""
-    if not any(isinstance(existing, NoExitBarrierFailure) for existing in agent_api.logger.filters):
-        agent_api.logger.addFilter(NoExitBarrierFailure())
+    agent_api.logger.addFilter(not_exit_barrier_failure)  # once: a filter already there is not added again
 
 
 def stop_once() -> None:
-    """torchrun's handler of SIGTERM, SIGINT and SIGHUP raises its stop in the agent's main thread. A second
-    one soon after (Slurm signals every process of the step, and the launcher passes the same signal on)
-    raised again inside the first's handling: a `--- Logging error ---` and a traceback on the console, in the
-    middle of the workers' shutdown. Now the first is raised and a repeat ignored: the shutdown goes on, and
-    ends by its own timeout."""
+    """torchrun's handler of SIGTERM, SIGINT and SIGHUP raises its stop in the agent's main thread once; a repeat
+    soon after (Slurm signals every process of the step, and the launcher passes the same signal on) is ignored,
+    not raised inside the first's handling (a `--- Logging error ---` and a traceback amid the shutdown)."""
     raise_stop = processes_api._terminate_process_handler
     if getattr(raise_stop, "once", False):
         return

@@ -1,16 +1,17 @@
-"""The checks before torchrun starts, in the launcher's process and without torch: the config composed
-as the workers will compose it, the backend, the run dir, and whether this machine holds the
-processes' start; each mistake is one line (LaunchError). The rest the workers check (engine/assembly/checks.py)."""
+"""The checks before torchrun starts, in the launcher's process and without torch: the config composed as the
+workers will compose it, the backend, the run dir, and whether this machine holds the processes' start; each
+mistake is one line (LaunchError). The rest the workers check (engine/assembly/checks.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..common.capacity import WORKER_START_BYTES, available_memory, check_processes_fit, too_many_for_the_cores
+from ..common.errors import ConfigError, say
 from ..common.placement import choose_backend, visible_gpu_count
+from ..common.storage import is_remote, store_module
 from .keys import LaunchError
 from .plan import Launch
-from .supervise import say
 
 
 def describe_composition_error(error: BaseException) -> str:
@@ -45,43 +46,36 @@ def compose_train_config(overrides: list[str]):  # noqa: ANN201 (a DictConfig; o
 
 
 def checked_config(overrides: list[str], launch: Launch):  # noqa: ANN201 (a TrainConfig; imported lazily)
-    """The composed config through its schema and ranges, and the backend for this launch's processes
-    and GPUs: what needs no torch. What does (the model, data sets, checkpoint, strategy, memory) the
-    workers check as they start, before their process group forms (engine/assembly/checks.py)."""
-    from ..common.errors import ConfigError
+    """The composed config through its schema and ranges, the backend for this launch's processes and GPUs,
+    and the global batch at every world size it may run at: what needs no torch."""
     from ..config import to_train_config
+    from ..config.batches import split_global_batch
 
     cfg = compose_train_config(overrides)
     try:
         config = to_train_config(cfg)
         gpus = launch.gpus if launch.gpus is not None else visible_gpu_count()
         choose_backend(config.dist.backend, gpus, launch.nproc, mpi_available=True)  # MPI: the workers know
-        check_global_batch(config, launch)
+        if config.data.global_batch_size is not None:  # even among the processes at every NNODES=MIN:MAX
+            nnodes = (launch.values.get("NNODES") or "1") if launch.mode == "multi" else "1"
+            low, _, high = nnodes.partition(":")
+            for nodes in range(int(low), int(high or low) + 1):
+                split_global_batch(config.data.global_batch_size, config.data.micro_batch_size, nodes * launch.nproc)
     except ConfigError as error:
         raise LaunchError(str(error)) from None
     return cfg, config
 
 
-def check_global_batch(config, launch: Launch) -> None:  # noqa: ANN001 (a TrainConfig)
-    """data.global_batch_size must split evenly among the job's processes, at every world size it may run
-    at (NNODES=MIN:MAX: each number of nodes): one line now, not a refusal in every worker."""
-    from ..config.batches import split_global_batch
-
-    if config.data.global_batch_size is None:
-        return
-    low, _, high = (launch.values.get("NNODES") or "1").partition(":") if launch.mode == "multi" else ("1", "", "")
-    for nodes in range(int(low), int(high or low) + 1):
-        split_global_batch(config.data.global_batch_size, config.data.micro_batch_size, nodes * launch.nproc)
-
-
 def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Path | None:
-    """What the launcher checks before torchrun, in well under a second: the config as the workers
-    will compose it, the backend for this launch's processes and GPUs, the run dir (its `${...}`
-    resolved as the workers would), and whether this machine holds that many workers' start
-    (warned where they outnumber the cores), and that a store the checkpoints go to answers.
-    Returns the run dir."""
+    """What the launcher checks before torchrun, in well under a second: the config (checked_config), that a
+    store the checkpoints go to answers, the run dir, and whether this machine holds that many workers' start
+    (warned where they outnumber the cores). Returns the run dir."""
     cfg, config = checked_config(overrides, launch)
-    check_store(config.checkpoint.dir)
+    if is_remote(url := config.checkpoint.dir):  # one line now, not a job that trains and then cannot save
+        try:
+            store_module(url, "checkpoint.dir").check_reachable(url, "checkpoint.dir")
+        except ConfigError as error:
+            raise LaunchError(str(error)) from None
     run_dir = resolved_run_dir(run_dir, cfg)
     on_gpus = (launch.gpus if launch.gpus is not None else visible_gpu_count()) > 0
     if refusal := check_processes_fit(launch.nproc, WORKER_START_BYTES, on_gpus, available_memory()):
@@ -89,19 +83,6 @@ def preflight(overrides: list[str], run_dir: Path | None, launch: Launch) -> Pat
     if warning := too_many_for_the_cores(launch.nproc, on_gpus):
         say(warning, err=True)
     return run_dir
-
-
-def check_store(url: str) -> None:
-    """A checkpoint.dir that is a URL: one line now where it names no store this project reaches, or one that
-    does not answer, not a job that trains and then cannot save."""
-    from ..common.errors import ConfigError
-    from ..common.storage import is_remote, store_module
-
-    if is_remote(url):
-        try:
-            store_module(url, "checkpoint.dir").check_reachable(url, "checkpoint.dir")
-        except ConfigError as error:
-            raise LaunchError(str(error)) from None
 
 
 def resolved_run_dir(run_dir: Path | None, cfg) -> Path | None:  # noqa: ANN001 (a DictConfig)

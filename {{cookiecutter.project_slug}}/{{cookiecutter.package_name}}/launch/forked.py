@@ -1,14 +1,6 @@
-"""Workers forked from torchrun's agent, which has imported torch and the entry module once, rather
-than each started as a new interpreter that imports them again (2 to 4 CPU-s a worker, paid again at
-every elastic restart: docs/speed.md).
-
-A forked worker is what the new interpreter would have been: a session of its own, its own stdout and
-stderr, the environment torchrun gives it (and OMP_NUM_THREADS's threads), the default signal handlers,
-none of the agent's files or sockets, and `python -u -m <module> <arguments>`'s sys.argv. The agent
-itself never touches a GPU, so a worker's CUDA starts as fresh as it would in a new process.
-`WORKER_START=exec` (an environment variable) starts them as torchrun does, as do commands other
-than `python -u -m <module>` (a script, numactl).
-"""
+"""Workers forked from torchrun's agent, which has imported torch and the entry module once, each as the new
+interpreter it replaces would have been; `WORKER_START=exec` (an environment variable) starts them as torchrun
+does, as do commands other than `python -u -m <module>` (docs/speed.md)."""
 
 from __future__ import annotations
 
@@ -31,9 +23,6 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_han
 
 from ..common.processes import exit_now
 
-START_ENV = "WORKER_START"
-AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
 
 class ForkedWorker:
     """What torchrun's agent asks of a worker's Popen (pid, poll, wait), for a forked child."""
@@ -46,11 +35,10 @@ class ForkedWorker:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
             except ChildProcessError:  # reaped elsewhere: it is gone
                 self.returncode = 1
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -73,7 +61,7 @@ class ForkingHandler(SubprocessHandler):
     """torchrun's handler of one worker, which forks `python -u -m <module>` instead of executing it."""
 
     def _popen(self, args: tuple, env: dict[str, str]) -> Any:
-        if os.environ.get(START_ENV, "fork") == "exec" or list(args[:3]) != [sys.executable, "-u", "-m"]:
+        if os.environ.get("WORKER_START", "fork") == "exec" or list(args[:3]) != [sys.executable, "-u", "-m"]:
             return super()._popen(args, env)
         module, arguments = args[3], list(args[4:])
         try:  # once per agent: every later worker and restart has them
@@ -83,7 +71,6 @@ class ForkingHandler(SubprocessHandler):
             raise
         except Exception:  # noqa: BLE001  # the worker's own start says what is wrong, as torchrun's would
             return super()._popen(args, env)
-
         if torch.cuda.is_initialized():  # CUDA cannot be used in a forked child of a process that started it
             return super()._popen(args, env)
         for stream in (sys.stdout, sys.stderr):
@@ -107,8 +94,8 @@ def become_worker(env: dict[str, str], stdout: Any, stderr: Any) -> None:
         for fd, stream in ((1, stdout), (2, stderr)):
             if stream is not None:
                 os.dup2(stream.fileno(), fd)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
-        for sig in AGENT_SIGNALS:  # a new interpreter's: KeyboardInterrupt on SIGINT, the others end it
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):  # as a new interpreter's
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)

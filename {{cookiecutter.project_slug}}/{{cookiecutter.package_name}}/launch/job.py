@@ -1,9 +1,11 @@
-"""One training job: checked, its run dir made and locked, torchrun started, and its end told from
-the workers' markers."""
+"""One training job: checked, its run dir made and locked, torchrun started, and its end told from the
+workers' markers (docs/launching.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import itertools
 import json
 import os
@@ -15,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..common.capacity import oom_kills, oom_line
-from ..common.redaction import redact_text
+from ..common.errors import say
 from ..common.run_dir import (
     CONTROL_DIR_ENV,
     DEBUG_DIR,
@@ -31,7 +33,7 @@ from .checks import preflight
 from .keys import LaunchArgs, LaunchError
 from .plan import Launch, debug_dir_environment
 from .rendezvous import check_rendezvous
-from .supervise import PACKAGE, Forwarder, say, torchrun
+from .supervise import PACKAGE, Forwarder, torchrun
 
 
 def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: Forwarder) -> int:
@@ -49,11 +51,11 @@ def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: For
         say(f"run dir: {run_dir}{node}")
         in_memory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a full disk must not silence the workers
         control = Path(tempfile.mkdtemp(prefix="train_control_", dir=in_memory))
-        launch = replace(launch, env={**launch.env, CONTROL_DIR_ENV: str(control)})
+        env = {**launch.env, CONTROL_DIR_ENV: str(control)}
         if launch.values.get("DEBUG") == "1":  # the run dir is known only now
-            debug_dir = run_dir.resolve() / DEBUG_DIR
-            debug_dir.mkdir(exist_ok=True)
-            launch = replace(launch, env={**launch.env, **debug_dir_environment(debug_dir, dict(os.environ))})
+            (debug_dir := run_dir.resolve() / DEBUG_DIR).mkdir(exist_ok=True)
+            env.update(debug_dir_environment(debug_dir, dict(os.environ)))
+        launch = replace(launch, env=env)
         try:
             clear_markers(run_dir, control)
             overrides = [f"hydra.run.dir={quoted(str(run_dir))}", *args.overrides]
@@ -83,11 +85,10 @@ def job_exit_code(code: int, run_dir: Path, control: Path, forwarder: Forwarder)
     no restart can fix (its line, its code), training finished (0, whatever signal came after), or a
     stop signal after its checkpoint (128 + the signal, also one sent to torchrun rather than here)."""
     if (failed := read_marker(run_dir, FAILED_MARKER, control)) is not None:
-        message, _, exit_code = failed.strip().partition("\n")
-        exit_code = exit_code.partition("\n")[0]
+        message, exit_code, *_ = [*failed.strip().split("\n"), ""]
         message = message or "a worker stopped the job without saying why (its message could not be written)"
         where = "" if is_refusal(failed) else f" (the traceback: {run_dir}/logs/)"
-        say(f"error: {redact_text(message)}{where}", err=True)
+        say(f"error: {message}{where}", err=True)
         return int(exit_code) if exit_code.strip().isdigit() else 1
     if read_marker(run_dir, FINISHED_MARKER, control) is not None:
         if forwarder.signal:
@@ -100,8 +101,7 @@ def job_exit_code(code: int, run_dir: Path, control: Path, forwarder: Forwarder)
 
 
 def is_refusal(failed: str | None) -> bool:
-    """Whether the workers' FAILED_MARKER is their start's checks refusing the job (engine/assembly/entry.py):
-    a user's mistake, said in one line, before any work."""
+    """Whether the workers' FAILED_MARKER is their start's checks refusing the job (engine/assembly/entry.py)."""
     return failed is not None and failed.strip().split("\n")[2:3] == [REFUSED]
 
 
@@ -111,21 +111,17 @@ def new_dir(prefix: str = "") -> Path:
     base = Path("outputs") / f"{prefix}{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
     base.parent.mkdir(parents=True, exist_ok=True)
     for suffix in itertools.count():
-        candidate = base if suffix == 0 else base.with_name(f"{base.name}_{suffix}")
-        try:
+        candidate = base.with_name(f"{base.name}_{suffix}" if suffix else base.name)
+        with contextlib.suppress(FileExistsError):
             candidate.mkdir()
             return candidate
-        except FileExistsError:
-            continue
     raise AssertionError("unreachable")
 
 
 def lock_run_dir(run_dir: Path, name: str = LOCK_FILE) -> int:
-    """Hold `<run dir>/<name>` for the whole job, across torchrun's restarts: a second launch on
-    the run dir is refused, naming the holder. The operating system releases the lock when its
-    holder dies, however it dies, so a lock is never stale. Returns the open file (keep it)."""
-    import fcntl
-
+    """Hold `<run dir>/<name>` for the whole job, across torchrun's restarts: a second launch on the run dir
+    is refused, naming the holder. The kernel releases the lock when its holder dies, however it dies, so a
+    lock is never stale. Returns the open file (keep it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / name, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -145,16 +141,11 @@ def lock_run_dir(run_dir: Path, name: str = LOCK_FILE) -> int:
 def last_evaluation(run_dir: Path) -> dict | None:
     """The newest validation record of a run's metrics.jsonl."""
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
     found = None
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("kind") == "val":
-            found = record
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            if (record := json.loads(line)).get("kind") == "val":
+                found = record
     return found
 
 

@@ -1,6 +1,5 @@
-"""The launch keys (KEYS: their defaults, help and environment variables) and the command line:
-which arguments are launch keys, Hydra's flags and overrides, or torchrun's; each key's value; usage.
-A mode of launch/modes/ brings its own keys and takes some of these (keys_of)."""
+"""The launch keys (KEYS: their defaults, help and environment variables) and the command line: which
+arguments are launch keys, Hydra's flags and overrides, or torchrun's; each key's value; usage."""
 
 from __future__ import annotations
 
@@ -38,17 +37,16 @@ KEYS = (
         env=("NPROC_PER_NODE", "PET_NPROC_PER_NODE")),
     Key("GPUS", "", "the GPUs to use, e.g. GPUS=0,1,2,3: CUDA_VISIBLE_DEVICES, and one process per listed GPU"),
     Key("MAX_RESTARTS", "3", "times torchrun restarts failed workers; they resume from the newest checkpoint",
-        env=("PET_MAX_RESTARTS",), modes=("single", "multi")),
+        env=("PET_MAX_RESTARTS",)),
     Key("RUN_DIR", "", "the run dir (default: a new outputs/<date>_<time>; many nodes: outputs/RUN_NAME); an "
-        "existing one is resumed", modes=("single", "multi")),
+        "existing one is resumed"),
     Key("NODE_RANK", "", "this node's rank: 0 on the first node, 1, 2, ... on the others",
         env=("NODE_RANK", "PET_NODE_RANK", "GROUP_RANK"), modes=("multi",)),
     Key("NNODES", "2", "N: static, exactly N nodes; MIN:MAX: elastic (c10d rendezvous; nodes may join and leave)",
         env=("NNODES", "PET_NNODES"), modes=("multi",)),
     Key("MASTER_ADDR", "", "node 0's address, reachable from every node (required on nodes other than 0)",
         env=("MASTER_ADDR", "PET_MASTER_ADDR"), modes=("multi",)),
-    Key("MASTER_PORT", "29500", "a free port on node 0", env=("MASTER_PORT", "PET_MASTER_PORT"),
-        modes=("multi",)),
+    Key("MASTER_PORT", "29500", "a free port on node 0", env=("MASTER_PORT", "PET_MASTER_PORT"), modes=("multi",)),
     Key("RUN_NAME", "", "the run dir is outputs/RUN_NAME on every node (default: multi_<MASTER_ADDR>_<MASTER_PORT>)",
         modes=("multi",)),
     Key("LOCAL_ADDR", "", "this node's address, where its hostname does not resolve to it", modes=("multi",)),
@@ -60,11 +58,10 @@ KEYS = (
     Key("RDZV_HEARTBEAT_S", "5", "elastic: how often each node tells the rendezvous it lives; one silent for 3 is "
         "dropped and the others go on without it", modes=("multi",)),
     Key("DEBUG", "0", "1: diagnose a hang, into <run dir>/debug/: torch.distributed and NCCL debug logs, NCCL's "
-        "flight recorder, and the workers' own debug files (docs/debugging.md)", modes=("single", "multi")),
+        "flight recorder, and the workers' own debug files (docs/debugging.md)"),
     Key("SHUTDOWN_TIMEOUT_S", "100", "how long torchrun lets workers checkpoint after SIGTERM before it kills them "
-        "(Slurm's --signal=TERM@120 leaves 120 s)", modes=("single", "multi")),
+        "(Slurm's --signal=TERM@120 leaves 120 s)"),
 )  # fmt: skip
-KEYS_BY_NAME = {key.name: key for key in KEYS}
 
 
 @functools.cache  # looked for once per launch
@@ -74,17 +71,12 @@ def sweep_module() -> ModuleType | None:
 
 
 def keys_of(mode: str) -> list[Key]:
-    """The keys `mode` takes: those of KEYS for it (and sweep.py's for single), or a mode of launch/modes/'s
-    SHARED_KEYS and KEYS."""
+    """The keys `mode` takes: KEYS' for it (and sweep.py's for single), or a mode's SHARED_KEYS and KEYS."""
     if mode in SCRIPTS:
         sweeps = sweep_module() if mode == "single" else None
         return [key for key in KEYS if mode in key.modes] + list(sweeps.KEYS if sweeps is not None else ())
     module = extra_modes()[mode]
     return [key for key in KEYS if key.name in module.SHARED_KEYS] + list(module.KEYS)
-
-
-def script_of(mode: str) -> str:
-    return SCRIPTS[mode] if mode in SCRIPTS else extra_modes()[mode].SCRIPT
 
 
 # Hydra's own flags: train.py handles them in one process (they print, they do not train).
@@ -143,13 +135,9 @@ def parse_args(argv: Sequence[str], mode: str) -> LaunchArgs:
 
 def read_cluster_env(path: Path) -> dict[str, str]:
     """KEY=VALUE lines of scripts/cluster.env (comments and blank lines skipped)."""
-    if not path.is_file():
-        return {}
-    found = {}
-    for line in path.read_text().splitlines():
-        if match := re.fullmatch(r"\s*(?:export\s+)?([A-Z][A-Z0-9_]*)=(.*?)\s*", line):
-            found[match.group(1)] = match.group(2).strip("\"'")
-    return found
+    lines = path.read_text().splitlines() if path.is_file() else []
+    matches = (re.fullmatch(r"\s*(?:export\s+)?([A-Z][A-Z0-9_]*)=(.*?)\s*", line) for line in lines)
+    return {match.group(1): match.group(2).strip("\"'") for match in matches if match}
 
 
 def resolve_keys(given: dict[str, str], mode: str, environ: dict[str, str], cluster: dict[str, str]) -> dict[str, str]:
@@ -173,15 +161,12 @@ def whole_number(values: dict[str, str], name: str, least: int) -> int:
 
 
 def usage(mode: str) -> str:
-    script = script_of(mode)
-    keys = keys_of(mode)
-    synopsis = "[KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags ...]"
-    lines = [f"usage: bash scripts/{script} {synopsis}", "",
-             "Launch keys (command line, else the environment, else the default):"]  # fmt: skip
-    for key in keys:
-        default = key.default or "-"
+    script = SCRIPTS[mode] if mode in SCRIPTS else extra_modes()[mode].SCRIPT
+    lines = [f"usage: bash scripts/{script} [KEY=VALUE ...] [Hydra flags and overrides ...] [-- torchrun flags ...]",
+             "", "Launch keys (command line, else the environment, else the default):"]  # fmt: skip
+    for key in keys_of(mode):
         env = f" [env: {', '.join(key.env)}]" if key.env else ""
-        lines.append(f"  {key.name:<19} {default:<6} {key.help}{env}")
+        lines.append(f"  {key.name:<19} {key.default or '-':<6} {key.help}{env}")
     lines += [
         "",
         "Hydra: "

@@ -1,5 +1,5 @@
-"""A checked launch (Launch): the processes, GPUs and nodes from the keys, torchrun's arguments and
-the workers' environment. Nothing is started and nothing written here."""
+"""A checked launch (Launch): the processes, GPUs and nodes from the keys, torchrun's arguments and the workers'
+environment (docs/launching.md). Nothing is started and nothing written here."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.capacity import cpu_cores
 from ..common.placement import visible_gpu_count
 from ..common.run_dir import DEBUG_DIR_ENV, STORE_ADDRESS_ENV
 from .keys import LaunchArgs, LaunchError, resolve_keys, whole_number
+
+SOCKET_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # where gloo's and NCCL's sockets listen
 
 
 @dataclass
@@ -39,51 +42,33 @@ def check_gpus(values: dict[str, str]) -> tuple[int | None, dict[str, str]]:
     return len(listed), {"CUDA_VISIBLE_DEVICES": gpus}
 
 
+def unless_set(environ: dict[str, str], defaults: dict[str, str]) -> dict[str, str]:
+    """`defaults`, each but where the user set it in `environ`."""
+    return {name: environ.get(name) or value for name, value in defaults.items()}
+
+
 def worker_environment(environ: dict[str, str], threads: int = 1) -> dict[str, str]:
-    """What the launch sets for the workers, unless the user set it: `threads` per process (see
-    cpu_threads), and MKL_CBWR: Intel MKL may give a matrix product other low bits when its
-    operands lie at other memory alignments, and a restarted worker lays them out anew; STRICT
-    makes CPU results depend on the inputs only, which bit-exact resume on CPUs needs. The user's
-    OMP_NUM_THREADS must be a whole number of at least 1: OpenMP and torch ignore another, or warn
-    in every worker, and the job would run on threads nobody chose."""
+    """What the launch sets for the workers, unless the user set it: `threads` per process, and MKL_CBWR:
+    Intel MKL may give a matrix product other low bits when its operands lie at other memory alignments,
+    and a restarted worker lays them out anew; STRICT makes CPU results depend on the inputs only, which
+    bit-exact resume on CPUs needs. The user's OMP_NUM_THREADS must be a whole number of at least 1
+    (OpenMP and torch ignore another, or warn in every worker)."""
     given = environ.get("OMP_NUM_THREADS") or ""
     if given and not (re.fullmatch(r"[0-9]+", given) and int(given) >= 1):
         raise LaunchError(f"OMP_NUM_THREADS={given}: give a whole number of threads per process, at least 1 "
                           f"(e.g. OMP_NUM_THREADS={threads}), or unset it and the launch sets {threads}")  # fmt: skip
-    defaults = {"OMP_NUM_THREADS": str(threads), "MKL_CBWR": "AUTO,STRICT"}
-    return {name: environ.get(name) or value for name, value in defaults.items()}
-
-
-def cpu_cores() -> int:
-    """The cores this launch may run on: its affinity (a cpuset or taskset leaves fewer than the machine has)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def default_processes(mode: str, gpus: int) -> int:
-    """Processes on this node when NPROC_PER_NODE is not given: one per GPU; on CPUs, one for a job
-    on one machine, whose threads share the cores (cpu_threads), or 2 for the other modes (a check of
-    the links needs two; nodes of a CPU cluster keep what they had)."""
-    return gpus or (1 if mode == "single" else 2)
-
-
-def cpu_threads(nproc: int, gpus: int) -> int:
-    """Threads per process. On CPUs the cores are split among the processes: one process with a
-    thread per core multiplies a small model's matrices faster than processes of one thread each,
-    which also pay for the all-reduce (docs/launching.md). With GPUs, one: the
-    GPUs compute, and the cores are the data loaders'."""
-    return 1 if gpus else max(1, cpu_cores() // nproc)
+    return unless_set(environ, {"OMP_NUM_THREADS": str(threads), "MKL_CBWR": "AUTO,STRICT"})
 
 
 def debug_environment(environ: dict[str, str]) -> dict[str, str]:
-    """DEBUG=1: what the workers get to diagnose a hang, unless the user set it (docs/debugging.md).
-    The files these write go to the run dir: see debug_dir_environment."""
+    """DEBUG=1: what the workers get to diagnose a hang, unless the user set it (docs/debugging.md)."""
     defaults = {
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL",  # all ranks call the same collectives? (INFO on gloo: process_group.py)
         "NCCL_DEBUG": "INFO",
         flight_recorder_size_variable(): "2000",  # NCCL's flight recorder: each rank's last 2000 collectives...
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # ...written out when one times out
     }
-    return {name: environ.get(name) or value for name, value in defaults.items()}
+    return unless_set(environ, defaults)
 
 
 def flight_recorder_size_variable() -> str:
@@ -100,7 +85,7 @@ def debug_dir_environment(debug_dir: Path, environ: dict[str, str]) -> dict[str,
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{debug_dir}/nccl_trace_rank_",  # the flight recorder; + the rank
         "NCCL_DEBUG_FILE": f"{debug_dir}/nccl_%h_%p.log",  # NCCL's INFO lines, per host and pid, off the console
     }
-    return {**{name: environ.get(name) or value for name, value in defaults.items()}, DEBUG_DIR_ENV: str(debug_dir)}
+    return {**unless_set(environ, defaults), DEBUG_DIR_ENV: str(debug_dir)}
 
 
 def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str, str]) -> Launch:
@@ -108,13 +93,13 @@ def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str
     values = resolve_keys(args.keys, mode, environ, cluster)
     gpus, gpu_env = check_gpus(values)
     devices = gpus if gpus is not None else visible_gpu_count(environ)
-    if not values["NPROC_PER_NODE"]:  # the user's count, when given, is what runs
-        values["NPROC_PER_NODE"] = str(default_processes(mode, devices))
+    if not values["NPROC_PER_NODE"]:  # one per GPU; on CPUs one (its threads share the cores), or two for nodes
+        values["NPROC_PER_NODE"] = str(devices or (1 if mode == "single" else 2))
     nproc = whole_number(values, "NPROC_PER_NODE", 1)
     max_restarts = whole_number(values, "MAX_RESTARTS", 0) if "MAX_RESTARTS" in values else 0  # a mode without: never
     shutdown = whole_number(values, "SHUTDOWN_TIMEOUT_S", 0)
     launch = Launch(mode, values, nproc, gpus)
-    threads = cpu_threads(nproc, devices)
+    threads = 1 if devices else max(1, cpu_cores() // nproc)  # on CPUs the cores are split among the processes
     launch.env = {**worker_environment(environ, threads), **gpu_env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown)}
     if values.get("DEBUG", "0") not in ("0", "1"):
         raise LaunchError(f"DEBUG={values['DEBUG']}: give DEBUG=1 (diagnose a hang) or DEBUG=0")
@@ -125,17 +110,12 @@ def plan(mode: str, args: LaunchArgs, environ: dict[str, str], cluster: dict[str
         launch.torchrun_args = common + multi_node_args(values, launch.env)
     else:
         launch.torchrun_args = ["--standalone", *common]
-        launch.env.update(loopback_only(environ))
+        # One node listens on 127.0.0.1 alone: torchrun's stores (agent.py), gloo's and NCCL's sockets.
+        interface = interface_of("127.0.0.1") or "lo"
+        launch.env[STORE_ADDRESS_ENV] = "127.0.0.1"
+        launch.env.update(unless_set(environ, dict.fromkeys(SOCKET_INTERFACES, interface)))
     launch.torchrun_args += args.torchrun_flags
     return launch
-
-
-def loopback_only(environ: dict[str, str]) -> dict[str, str]:
-    """A job on one node listens on 127.0.0.1 alone: torchrun's store (agent.py), gloo's and NCCL's
-    sockets (unless the user chose their interfaces)."""
-    interface = interface_of("127.0.0.1") or "lo"
-    own = {name: environ.get(name) or interface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    return {STORE_ADDRESS_ENV: "127.0.0.1", **own}
 
 
 def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
@@ -182,16 +162,13 @@ def multi_node_args(values: dict[str, str], env: dict[str, str]) -> list[str]:
     if values["LOCAL_ADDR"]:  # this node's own address: where its stores listen, not every interface
         args.append(f"--local-addr={values['LOCAL_ADDR']}")
         env[STORE_ADDRESS_ENV] = values["LOCAL_ADDR"]
-        interface = interface_of(values["LOCAL_ADDR"])
-        if interface:  # gloo and NCCL take their interface from the hostname, which may resolve to loopback
-            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-                env[name] = os.environ.get(name) or interface
+        if interface := interface_of(values["LOCAL_ADDR"]):  # gloo and NCCL take theirs from the hostname: loopback?
+            env.update(unless_set(dict(os.environ), dict.fromkeys(SOCKET_INTERFACES, interface)))
     if ":" not in nnodes:
         return [*args, f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={address}",
                 f"--master-port={port}"]  # fmt: skip
-    # Elastic: node 0 hosts the c10d rendezvous; nodes may join (the job restarts with the larger
-    # world and resumes) and leave (it goes on with the smaller one, down to MIN). Workers get a
-    # fresh store every round: torchrun's shared store keeps the last round's keys.
+    # Elastic, node 0 hosting the c10d rendezvous: the workers get a fresh store every round (torchrun's shared
+    # store keeps the last round's keys).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return [*args, f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={address}:{port}",
             f"--rdzv-id={values['RUN_NAME']}",
@@ -205,8 +182,7 @@ def interface_of(address: str) -> str | None:
         listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
     except OSError:
         return None
-    for line in listing.splitlines():
-        parts = line.split()
+    for parts in (line.split() for line in listing.splitlines()):
         if len(parts) > 3 and parts[3].split("/")[0] == address:
             return parts[1]
     return None

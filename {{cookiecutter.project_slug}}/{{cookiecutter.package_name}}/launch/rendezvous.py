@@ -1,9 +1,10 @@
-"""The nodes' meeting point: node 0 must own MASTER_PORT, the other nodes wait for it (bounded), a
-node waits a bounded, spoken time for all the nodes to join torchrun's rendezvous (NodeWait), and the
-other nodes stop soon after node 0 has stopped (NodeZeroWatch)."""
+"""The nodes' meeting point: node 0 must own MASTER_PORT and the other nodes wait for it (bounded), a node
+waits a bounded, spoken time for all the nodes to join torchrun's rendezvous (NodeWait), and the other nodes
+stop soon after node 0 has stopped (NodeZeroWatch); docs/launching.md."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from dataclasses import dataclass
@@ -24,8 +25,15 @@ def require_free_port(port: int) -> None:
             ) from None
 
 
-def wait_for_master(address: str, port: int, seconds: int) -> None:
-    """A bounded wait until node 0 listens, then a hint."""
+def check_rendezvous(launch: Launch) -> None:
+    """Node 0 must own MASTER_PORT; the other nodes wait for it (bounded), then a hint."""
+    if "--standalone" in launch.torchrun_args:
+        return
+    values = launch.values
+    if values["NODE_RANK"] == "0":
+        require_free_port(int(values["MASTER_PORT"]))
+        return
+    address, port, seconds = values["MASTER_ADDR"], int(values["MASTER_PORT"]), int(values["WAIT_FOR_MASTER_S"])
     deadline = time.monotonic() + seconds
     while True:
         try:
@@ -40,17 +48,6 @@ def wait_for_master(address: str, port: int, seconds: int) -> None:
             time.sleep(1)
 
 
-def check_rendezvous(launch: Launch) -> None:
-    """Node 0 must own MASTER_PORT; the other nodes wait for it (bounded)."""
-    if "--standalone" in launch.torchrun_args:
-        return
-    values = launch.values
-    if values["NODE_RANK"] == "0":
-        require_free_port(int(values["MASTER_PORT"]))
-    else:
-        wait_for_master(values["MASTER_ADDR"], int(values["MASTER_PORT"]), int(values["WAIT_FOR_MASTER_S"]))
-
-
 @dataclass
 class NodeWait:
     """A node's bounded, spoken wait for the others to join the rendezvous."""
@@ -62,9 +59,8 @@ class NodeWait:
     children_since: float | None = None
 
     def joined(self, has_children: bool, now: float) -> bool:
-        """Whether torchrun has started its workers, which it does once all nodes came: children seen for
-        `steady_s` on end. A child of a moment is not a worker: torch's import in torchrun runs `ldconfig -p`
-        (ctypes' find_library), and a node alone that saw it waited for ever (seen under load)."""
+        """Whether torchrun has started its workers (once all nodes came): children seen for `steady_s` on end,
+        not a child of a moment (torch's import runs `ldconfig -p`: a node alone took it and waited for ever)."""
         if not has_children:
             self.children_since = None
             return False
@@ -81,20 +77,18 @@ class NodeWait:
         return waited >= limit
 
     def give_up(self) -> str:
-        values = self.values
         return (
-            f"not all NNODES={values['NNODES']} nodes joined node {values['NODE_RANK']}'s rendezvous at "
-            f"{values['MASTER_ADDR']}:{values['MASTER_PORT']} within WAIT_FOR_NODES_S={values['WAIT_FOR_NODES_S']} s: "
-            "start the others with the same command and their NODE_RANK, or lower NNODES"
-        )
+            "not all NNODES={NNODES} nodes joined node {NODE_RANK}'s rendezvous at {MASTER_ADDR}:{MASTER_PORT} within "
+            "WAIT_FOR_NODES_S={WAIT_FOR_NODES_S} s: start the others with the same command and their NODE_RANK, or "
+            "lower NNODES"
+        ).format_map(self.values)
 
 
 @dataclass
 class NodeZeroWatch:
     """A node other than 0 watches node 0's MASTER_PORT while its job runs. Node 0's torchrun serves the
-    job's store there (and the elastic rendezvous), until every node's workers have ended: once nothing
-    answers for `gone_after_s`, node 0 has stopped, whatever stopped it (its checks refusing the job, a
-    crash, its launcher killed), and this node's workers would wait for it until dist.timeout_s."""
+    job's store there until every node's workers have ended: once nothing answers for `gone_after_s`, node 0
+    has stopped, whatever stopped it, and this node's workers would wait for it until dist.timeout_s."""
 
     values: dict[str, str]
     every_s: float = 1.0
@@ -115,25 +109,21 @@ class NodeZeroWatch:
         return self.unanswered_since is not None and now - self.unanswered_since >= self.gone_after_s
 
     def give_up(self) -> str:
-        values = self.values
         return (
-            f"node 0 has stopped: nothing answers at {values['MASTER_ADDR']}:{values['MASTER_PORT']} any more, so "
-            f"node {values['NODE_RANK']} stops too; node 0's output says why: launch every node again once it is fixed"
-        )
+            "node 0 has stopped: nothing answers at {MASTER_ADDR}:{MASTER_PORT} any more, so node {NODE_RANK} stops "
+            "too; node 0's output says why: launch every node again once it is fixed"
+        ).format_map(self.values)
 
 
 def has_children(pid: int) -> bool:
-    """Whether a process has children (Linux: /proc); True where that cannot be told. A thread that
-    ends between the listing and the read is skipped: read as "has children", it ended the node's wait
-    for good, and a node alone waited for ever (seen under load)."""
+    """Whether a process has children (Linux: /proc); True where that cannot be told. A thread that ends
+    between the listing and the read is skipped: read as "has children", it ended the node's wait for good."""
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return True
     for task in tasks:
-        try:
+        with contextlib.suppress(OSError):  # that thread has ended
             if (task / "children").read_text().strip():
                 return True
-        except OSError:
-            continue  # that thread has ended
     return False

@@ -1,11 +1,9 @@
-"""torchrun as the launcher's child: started in a process group of its own that dies with the
-launcher (common/processes.py), sent the stop signals the launcher receives (Forwarder), killed when a
-worker reports an error no restart can fix or when the nodes do not all come; lines on the
-console (say)."""
+"""torchrun as the launcher's child: in a process group of its own that dies with the launcher, sent the
+stop signals the launcher receives, killed when a worker reports an error no restart can fix or when the
+nodes do not all come (docs/launching.md)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +12,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from ..common.errors import say
 from ..common.processes import own_group_dying_with_parent
 from .keys import LaunchError
 from .plan import Launch
@@ -47,14 +46,19 @@ class Forwarder:
 
     def run(self, command: list[str], env: dict[str, str], failed: Callable[[], bool] = lambda: False,
             nodes: NodeWait | None = None, node_zero: NodeZeroWatch | None = None) -> int:  # fmt: skip
-        """torchrun until it ends, or until a worker reports an error no restart can fix (`failed`
-        says so), or until the nodes did not all come (`nodes`), or node 0 has stopped (`node_zero`,
-        unless this node was told to stop too): then torchrun is killed, and its workers die with it."""
+        """torchrun until it ends, or until a worker reports an error no restart can fix (`failed`), the
+        nodes did not all come (`nodes`) or node 0 has stopped (`node_zero`, unless this node was told to
+        stop too): then torchrun is killed, and its workers die with it."""
         if (code := self.stopped_before_start()) is not None:
             return code
         self.child = subprocess.Popen(command, env=env, preexec_fn=own_group_dying_with_parent)
         started = time.monotonic()
-        while (code := self.wait_a_little()) is None:
+        while True:
+            try:  # its exit code as soon as it exits: the job's end is not held up
+                code = self.child.wait(timeout=0.2)
+                return 128 + self.signal if self.signal else code
+            except subprocess.TimeoutExpired:
+                pass
             if failed():
                 self.stop_child()
                 return 1
@@ -66,15 +70,6 @@ class Forwarder:
             if node_zero is not None and not self.signal and node_zero.gone(time.monotonic()):
                 self.stop_child()
                 raise LaunchError(node_zero.give_up())
-        return 128 + self.signal if self.signal else code
-
-    def wait_a_little(self) -> int | None:
-        """torchrun's exit code, as soon as it exits (the job's end is not held up), or None after 0.2 s."""
-        assert self.child is not None
-        try:
-            return self.child.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            return None
 
     def stop_child(self) -> None:
         assert self.child is not None
@@ -84,12 +79,6 @@ class Forwarder:
     def close(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-def say(message: str, err: bool = False) -> None:
-    """A line on the console; none where the terminal is gone (after SIGHUP), as the job goes on."""
-    with contextlib.suppress(OSError):
-        print(message, file=sys.stderr if err else sys.stdout, flush=True)
 
 
 def torchrun(launch: Launch, module: str, arguments: list[str], forwarder: Forwarder,

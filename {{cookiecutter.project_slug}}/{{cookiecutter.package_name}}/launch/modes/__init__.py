@@ -1,11 +1,7 @@
-"""The launch modes beyond single and multi: every module in this folder is one, present where it
-was chosen when the project was made. Nothing outside names them.
-
-A mode module has MODE (its word: `python -m <package>.launch MODE`), SCRIPT (its script in scripts/),
-SHARED_KEYS (the names of the launcher's keys it takes as well), KEYS (its own, launch/keys.py's Key)
-and `main(args, environ, forwarder) -> int`: what it prints (what starts a job elsewhere), or what it starts
-(torchrun on a module of its own, through supervise.py's torchrun and the forwarder); its exit code.
-"""
+"""The launch modes beyond single and multi: every module in this folder is one, present where it was chosen
+when the project was made; nothing outside names them. A mode has MODE (`python -m <package>.launch MODE`),
+SCRIPT (its script in scripts/), SHARED_KEYS (the launcher's keys it takes too), KEYS (its own Key's) and
+`main(args, environ, forwarder) -> int`, which prints what starts a job elsewhere or starts torchrun itself."""
 
 from __future__ import annotations
 
