@@ -105,6 +105,12 @@ def check_resumable(path: Path | str, payload: dict[str, Any], config: dict[str,
     return [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items()]
 
 
+def between_nodes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (reference node's value, other node's)} for every setting that differs: unlike a resume's
+    (differences), nodes may differ in nothing, not even checkpoint.resume or checkpoint.allow_changes."""
+    return differences(reference, other, resume=False)
+
+
 def run_finished(payload: dict[str, Any], epochs: int, max_steps: int) -> bool:
     """Whether a run at this state (a checkpoint's payload, or the trainer's) has trained all it will: stopped
     early, at trainer.max_steps where set, else after its trainer.epochs whole epochs."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# The trainer's question, a pure rule below the engine; it stays importable from here.
+from ..config.compatibility import run_finished  # noqa: F401
+
 
 @dataclass
 class TrainState:

@@ -10,7 +10,21 @@ from typing import Any
 
 from ...common.errors import ConfigError, JobError
 from ...common.placement import DistEnv
-from ...config.compatibility import SHOWN, differences, under
+
+# The rules moved below the engine (config/compatibility.py); they stay importable from here.
+from ...config.compatibility import (  # noqa: F401
+    LOADER_KEYS,
+    OPERATIONAL,
+    REFUSED,
+    SHOWN,
+    STARTING_KEYS,
+    between_nodes,
+    check_resumable,
+    differences,
+    leaves,
+    listed,
+    under,
+)
 from ..distributed.process_group import all_gather_bytes
 
 
@@ -52,7 +66,7 @@ def check_same_config_everywhere(config: dict[str, Any], env: DistEnv) -> None:
     for other_node, other in entries:
         if other_node in told or other_node == reference_node:
             continue
-        changed = differences(reference, json.loads(other), resume=False)  # checkpoint.resume must agree too
+        changed = between_nodes(reference, json.loads(other))  # checkpoint.resume must agree too
         if changed:
             shown = "; ".join(f"{key}={new!r} where node {reference_node} has {old!r}"
                               for key, (old, new) in list(changed.items())[:SHOWN])  # fmt: skip
