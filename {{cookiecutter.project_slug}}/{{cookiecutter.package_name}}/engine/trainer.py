@@ -441,7 +441,8 @@ class StepRunner:
         targets = to_device(targets, self.device)
         weights = weights.to(self.device, non_blocking=True)
         with self.strategy.gradient_sync(self.trained, sync):
-            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            # fp32: no autocast context at all (a disabled one still saves and restores its state every micro-step)
+            with torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else contextlib.nullcontext():
                 outputs = model_forward(self.trained, inputs)
             with sample_weights(weights):  # what gather_with_grad marks as padding
                 loss = self.task.loss(outputs, targets)
