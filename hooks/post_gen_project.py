@@ -149,6 +149,10 @@ UNCHOSEN_FILES = {
         "tests/test_comm_check.py",
         "tests/launch/modes/test_check_comm.py",
         "tests/e2e/test_comm_check.py",
+        f"{PACKAGE}/engine/nonfinite.py",
+        "tests/engine/test_nonfinite.py",
+        "tests/e2e/diverged_run.py",
+        "benchmarks/nonfinite_check.py",
     ],
     ("prepared_data", "no"): [f"{PACKAGE}/datasets/prepare.py", "tests/datasets/test_prepare.py"],
     ("provenance", "no"): [

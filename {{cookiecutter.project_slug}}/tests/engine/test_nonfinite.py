@@ -18,7 +18,13 @@ from {{cookiecutter.package_name}}.common.placement import DistEnv
 from {{cookiecutter.package_name}}.config import to_train_config
 from {{cookiecutter.package_name}}.engine.assembly.build import build_trainer
 from {{cookiecutter.package_name}}.engine.data.sampler import ResumableDistributedSampler
-from {{cookiecutter.package_name}}.engine.nonfinite import NONFINITE_FILE, findings, first_nonfinite, skip_list
+from {{cookiecutter.package_name}}.engine.nonfinite import (
+    NONFINITE_FILE,
+    NonFiniteWatch,
+    findings,
+    first_nonfinite,
+    skip_list,
+)
 from {{cookiecutter.package_name}}.engine.trainer import Trainer
 
 from ..helpers import TINY, assert_same, compose_config, cpu_env, on_ranks, train_one_epoch, trainer
@@ -134,10 +140,10 @@ def test_a_gradient_alone_non_finite_is_said_as_the_gradient_on_every_rank() -> 
                       "indices": [9, 9], "world_size": 2}  # fmt: skip
 
 
-def test_fp16_does_not_take_its_skipped_non_finite_gradients_for_a_divergence(tmp_path: Path) -> None:
+def test_the_trainer_finds_the_watch_and_fp16_leaves_its_skipped_non_finite_gradients_alone(tmp_path: Path) -> None:
     fp16, fp32 = trainer(tmp_path / "a", "trainer.precision=fp16"), trainer(tmp_path / "b")
-    assert not fp16.nonfinite.diverged(1.0, math.inf) and not fp16.runner.watch_gradients
-    assert fp32.nonfinite.diverged(1.0, math.inf) and fp16.nonfinite.diverged(math.nan, 1.0)
+    assert isinstance(fp32.divergence, NonFiniteWatch) and fp32.runner.before_clipping == fp32.divergence.note_gradients
+    assert isinstance(fp16.divergence, NonFiniteWatch) and fp16.runner.before_clipping is None
 
 
 def test_skipped_samples_leave_the_order_before_it_is_split_and_a_resume_counts_in_it() -> None:

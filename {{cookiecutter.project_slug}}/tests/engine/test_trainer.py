@@ -6,6 +6,7 @@ tests/engine/checkpoint/test_manager.py; the DDP wrapping: tests/engine/strategi
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -287,6 +288,12 @@ def linear_runner(clip: float, precision: str = "fp16", task: object = None) -> 
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     plain = Strategy(to_train_config(compose_config()), CPU)  # the base strategy: no wrapper, no reduction
     return StepRunner(model, optimizer, config, torch.device("cpu"), 1, task or Classification(), plain)  # type: ignore[arg-type]
+
+
+def test_a_non_finite_log_line_is_a_divergence_but_fp16s_skipped_gradients_are_not(tmp_path: Path) -> None:
+    fp16, fp32 = trainer(tmp_path / "a", "trainer.precision=fp16"), trainer(tmp_path / "b")
+    assert not fp16.diverged(1.0, math.inf) and not fp32.diverged(1.0, 2.0)
+    assert fp32.diverged(1.0, math.inf) and fp32.diverged(math.nan, 1.0) and fp16.diverged(math.nan, 1.0)
 
 
 def test_fp16_scales_the_loss_clips_unscaled_gradients_and_keeps_its_scale() -> None:

@@ -1,6 +1,7 @@
 """The settings of the profiler (observe/profiling.py): the trainer section's `profile_steps` and
-`memory_snapshot` (schema.py's TrainerConfig has a field for each of SECTION_FIELDS' "trainer", found by
-what is present), their rules, and that a resume may change them (compatibility.py). No torch."""
+`memory_snapshot`; and `skip_samples`, the samples a relaunch leaves out (engine/nonfinite.py reads it).
+schema.py's TrainerConfig has a field for each of SECTION_FIELDS' "trainer", found by what is present; their
+rules, and that a resume may change the profiler's (compatibility.py). No torch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 from .values import require
 
 # section -> {key: (type, default)}: train.yaml gives each its default and its meaning.
-SECTION_FIELDS = {"trainer": {"profile_steps": (str, ""), "memory_snapshot": (bool, False)}}
+SECTION_FIELDS = {
+    "trainer": {"profile_steps": (str, ""), "memory_snapshot": (bool, False), "skip_samples": (Any, None)}
+}
 OPERATIONAL_KEYS = ("trainer.profile_steps", "trainer.memory_snapshot")  # what a resume may change: the traces
 
 

@@ -142,7 +142,6 @@ class TrainerConfig:
     clip_grad_norm: float = MISSING
     deterministic: bool = MISSING
     activation_checkpointing: bool = MISSING
-    skip_samples: Any = MISSING  # sample indices, or a nonfinite.jsonl's path (engine/nonfinite.py reads it)
     ema: EMAConfig = field(default_factory=EMAConfig)
 
     def check(self) -> None:

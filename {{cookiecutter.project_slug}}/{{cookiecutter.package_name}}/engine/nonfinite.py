@@ -1,14 +1,13 @@
 """The samples behind a NaN: which step's loss or gradient went non-finite first, on which ranks, for which
 samples and in which parameter; and trainer.skip_samples, which leaves such samples out (docs/troubleshooting.md).
-Nothing is read back per step: the log line's read-back says whether the run diverged, and only then are the
-ranks' findings gathered.
+Nothing is read back per step: the log line's read-back says whether the run diverged (the trainer's own check),
+and only then are the ranks' findings gathered. The trainer finds this module by its `divergence_watch`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 from ..common.errors import ConfigError, JobError
 from ..common.placement import DistEnv
+from .distributed.dtensors import local
 from .distributed.process_group import all_gather_bytes, all_gather_int
 
 log = logging.getLogger(__name__)
@@ -36,25 +36,38 @@ def first_nonfinite(grads: Sequence[torch.Tensor], device: torch.device) -> torc
 
 class NonFiniteWatch:
     """This rank's record of the steps since the last log line: on the device, how many went by before the loss
-    (this rank's) and the gradient (global) turned non-finite; on the host, their samples and which parameters
-    had gradients. `grads_watched`: off under fp16, whose GradScaler skips such steps as a matter of course."""
+    (this rank's) and the gradient (global) turned non-finite, and which gradient first did; on the host, their
+    samples and which parameters had gradients. `grads_watched`: off under fp16, whose GradScaler skips such
+    steps as a matter of course."""
 
     def __init__(self, device: torch.device, steps_kept: int, grads_watched: bool) -> None:
-        self.enabled, self.grads_watched = True, grads_watched  # enabled: off keeps none of this (the benchmark)
+        self.enabled, self.grads_watched, self.device = True, grads_watched, device  # enabled: off keeps none of this
         self.finite_steps = torch.zeros(2, dtype=torch.int64, device=device)  # before the loss's, the gradient's
+        self.bad_parameter = torch.full((), -1, device=device)  # the first non-finite gradient's position (-1: none)
+        self.grad_positions: list[int] | None = None  # the parameters of the last step's gradients (None: all)
         self.steps: deque[tuple[int, list[tuple[torch.Tensor, torch.Tensor]], list[int] | None]] = deque(
             maxlen=steps_kept
         )
 
-    def note(self, step: int, batches: list[tuple[torch.Tensor, torch.Tensor]], positions: list[int] | None) -> None:
-        """Step `step`'s micro-batches' (indices, weights), on the host, and the parameters with a gradient."""
-        if self.enabled:
-            self.steps.append((step, batches, positions))
-
-    def after_step(self, loss_sum: torch.Tensor, grad_norms: torch.Tensor) -> None:
-        """Count this step as finite where the interval's sums still are (queued on the device only)."""
+    def note_gradients(self, params: list[torch.Tensor]) -> None:
+        """Before clipping (which spreads one NaN to every gradient): which gradient first held a NaN or an inf,
+        kept on the device; one foreach call a step (the step runner calls it)."""
         if not self.enabled:
             return
+        positions = [i for i, param in enumerate(params) if param.grad is not None]
+        self.grad_positions = None if len(positions) == len(params) else positions
+        grads = [local(params[i].grad) for i in positions]  # type: ignore[arg-type]
+        if grads:
+            found = first_nonfinite(grads, self.device)
+            self.bad_parameter = torch.where(self.bad_parameter < 0, found, self.bad_parameter)
+
+    def note(self, step: int, batches: list[tuple[torch.Tensor, torch.Tensor]], loss_sum: torch.Tensor,
+             grad_norms: torch.Tensor) -> None:  # fmt: skip
+        """Step `step`'s micro-batches' (indices, weights), on the host, and the parameters with a gradient; the
+        step counted as finite where the interval's sums still are (queued on the device only)."""
+        if not self.enabled:
+            return
+        self.steps.append((step, batches, self.grad_positions))
         gradient = grad_norms.to(loss_sum.device).isfinite() if self.grads_watched else torch.ones_like(loss_sum)
         self.finite_steps += torch.stack([loss_sum.isfinite(), gradient.bool()]).to(self.finite_steps)
 
@@ -64,16 +77,12 @@ class NonFiniteWatch:
             self.finite_steps.zero_()
             self.steps.clear()
 
-    def diverged(self, loss_sum: float, grad_norms: float) -> bool:
-        """Whether the log line's sums (every rank's alike) say that a step went non-finite."""
-        return not math.isfinite(loss_sum) or (self.enabled and self.grads_watched and not math.isfinite(grad_norms))
-
-    def stop(
-        self, env: DistEnv, run_dir: Path, first_step: int, epoch: int, parameter: int, names: list[str]
-    ) -> JobError:
+    def stop(self, env: DistEnv, run_dir: Path, first_step: int, epoch: int, model: torch.nn.Module,
+             params: Sequence[torch.Tensor]) -> JobError:  # fmt: skip
         """Every rank's findings gathered (a collective), their record written by rank 0; the error each rank
-        raises. `parameter`: runner.bad_parameter (-1: none); `names`: the parameters' in the runner's order."""
+        raises. `params`: the step runner's, in its order (the gradients note_gradients saw)."""
         loss_steps, grad_steps = self.finite_steps.tolist()
+        parameter, names = int(self.bad_parameter), parameter_names(model, params)
         kept = {step: (batches, positions) for step, batches, positions in self.steps}
         batches, positions = kept.get(first_step + grad_steps, ([], None))
         if parameter >= 0 and positions is not None:  # its place among the step's gradients: the runner's order
@@ -145,9 +154,9 @@ def skip_list(value: Any) -> list[int]:
         raise ConfigError(f"trainer.skip_samples must be a list of sample indices or a file, got {value!r}") from error
 
 
-def skip_samples(value: Any, sampler: Any, is_main: bool) -> None:
+def leave_out_samples(trainer: Any, sampler: Any, is_main: bool) -> None:
     """Leave trainer.skip_samples out of every epoch (sampler.skip), and say so."""
-    indices = skip_list(value)
+    indices = skip_list(trainer.skip_samples)
     if not indices:
         return
     size = sampler.dataset_size + len(sampler.skipped)
@@ -165,3 +174,8 @@ def parameter_names(model: torch.nn.Module, params: Sequence[torch.Tensor]) -> l
     """`params`' names in `model` (the checkpoint's names), in their order; a position where one has none."""
     names = {id(param): name for name, param in model.named_parameters()}
     return [names.get(id(param), f"parameter {position}") for position, param in enumerate(params)]
+
+
+def divergence_watch(device: torch.device, log_every_n_steps: int, precision: str) -> NonFiniteWatch:
+    """What the trainer keeps of the steps since the last log line (the steps one line covers)."""
+    return NonFiniteWatch(device, log_every_n_steps, precision != "fp16")

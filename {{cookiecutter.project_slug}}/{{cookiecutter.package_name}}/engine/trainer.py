@@ -21,10 +21,11 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn, Protocol
 
 import torch
@@ -32,6 +33,7 @@ from torch import nn
 
 from ..common.errors import JobError, Preempted
 from ..common.placement import DistEnv
+from ..common.registry import modules_with
 from ..common.run_dir import FINISHED_MARKER, STOPPED_MARKER, write_marker
 from ..config import TrainConfig, TrainerConfig
 from ..config.compatibility import run_finished
@@ -49,7 +51,6 @@ from .distributed.process_group import all_reduce_sum, weights_fingerprint
 from .ema import EMA, NoEMA
 from .evaluate import EvalResult, evaluate
 from .monitor import Monitor
-from .nonfinite import NonFiniteWatch, first_nonfinite, parameter_names
 from .preemption import StopOnSigterm
 from .schedule import Schedule
 from .state import TrainState
@@ -92,11 +93,20 @@ class Trainer:
     validated_at: int = -1  # the step of the last validation in this process (none twice at a step)
     last_result: EvalResult | None = None  # that validation's figures
     grad_norms: torch.Tensor | None = None  # the sum of the interval's gradient norms, on the device
-    nonfinite: NonFiniteWatch = field(init=False)  # the first non-finite step's samples (nonfinite.py)
+    divergence: Any = None  # a divergence watch, where the project has one (divergence_module; __post_init__)
 
     def __post_init__(self) -> None:
-        fp16 = self.config.trainer.precision == "fp16"  # its GradScaler skips non-finite gradients: no divergence
-        self.nonfinite = NonFiniteWatch(self.env.device, self.config.trainer.log_every_n_steps, not fp16)
+        trainer, found = self.config.trainer, divergence_module()
+        if found is not None:
+            self.divergence = found.divergence_watch(self.env.device, trainer.log_every_n_steps, trainer.precision)
+        if self.divergence is not None and self.divergence.grads_watched:
+            self.runner.before_clipping = self.divergence.note_gradients
+
+    def diverged(self, loss_sum: float, grad_norms: float) -> bool:
+        """Whether the log line's sums (every rank's alike) say that a step went non-finite. Under fp16 the loss
+        alone: its GradScaler skips a step with non-finite gradients as a matter of course."""
+        gradient = self.config.trainer.precision != "fp16" and not math.isfinite(grad_norms)
+        return not math.isfinite(loss_sum) or gradient
 
     def fit(self) -> EvalResult:
         """Train the remaining epochs and return the last evaluation."""
@@ -213,7 +223,7 @@ class Trainer:
         if self.callbacks.step_start:
             self.callbacks.fire("on_step_start")
         interval.lr = self.optimizer.param_groups[0]["lr"]
-        seen = []  # the step's samples, on the host: named where the step turns out non-finite (nonfinite.py)
+        seen = []  # the step's samples, on the host: for the divergence watch, where there is one
         for number, batch in enumerate(step.micro_batches, 1):
             seen.append((batch.indices, batch.weights))
             if self.throughput.tokens_per_sample is None:  # once: a sequence's tokens, where the task counts them
@@ -234,8 +244,8 @@ class Trainer:
         if self.grad_norms is None:
             self.grad_norms = torch.zeros((), device=grad_norm.device)
         self.grad_norms += grad_norm
-        self.nonfinite.note(state.step + 1, seen, self.runner.grad_positions)
-        self.nonfinite.after_step(interval.loss_sum, self.grad_norms)
+        if self.divergence is not None:
+            self.divergence.note(state.step + 1, seen, interval.loss_sum, self.grad_norms)
         self.schedule.after_step()
         self.ema.update(state.step + 1)
         self.checkpoints.raise_if_failed()  # a background write that failed stops the run here
@@ -257,14 +267,14 @@ class Trainer:
         grad_norms = self.grad_norms if self.grad_norms is not None else torch.zeros_like(interval.loss_sum)
         figures = [interval.loss_sum, grad_norms.to(interval.loss_sum), interval.items.to(interval.loss_sum)]
         sums = torch.cat([all_reduce_sum(torch.stack(figures)), interval.empty.to(interval.loss_sum)[None]]).tolist()
-        if self.nonfinite.diverged(sums[0], sums[1]):  # the same sums on every rank: all stop at this step
-            if not self.nonfinite.enabled:
-                raise JobError(f"training diverged by step {self.state.step}: the loss is {sums[0]}; lower optim.lr or "
-                               "set trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite "
-                               "weights)")  # fmt: skip
-            first_step, names = self.state.step - interval.steps + 1, parameter_names(self.model, self.runner.params)
-            raise self.nonfinite.stop(self.env, self.run_dir, first_step, self.state.epoch,
-                                      int(self.runner.bad_parameter), names)  # fmt: skip
+        if self.diverged(sums[0], sums[1]):  # the same sums on every rank: all stop at this step
+            if self.divergence is not None and self.divergence.enabled:
+                raise self.divergence.stop(self.env, self.run_dir, self.state.step - interval.steps + 1,
+                                           self.state.epoch, self.model, self.runner.params)  # fmt: skip
+            what = "loss" if not math.isfinite(sums[0]) else "gradient"
+            raise JobError(f"training diverged by step {self.state.step}: the {what} is not finite; lower optim.lr or "
+                           "set trainer.clip_grad_norm, then resume from the last checkpoint (it holds finite "
+                           "weights)")  # fmt: skip
         return sums
 
     def raise_if_diverged(self, interval: Interval) -> None:
@@ -306,7 +316,8 @@ class Trainer:
                 step=values["step"], loss=f"{train_loss:.4f}", img_per_s=f"{values['samples_per_s']:.0f}"
             )
         interval.reset()
-        self.nonfinite.reset()
+        if self.divergence is not None:
+            self.divergence.reset()
         if self.grad_norms is not None:
             self.grad_norms.zero_()
 
@@ -426,10 +437,9 @@ class StepRunner:
         # fp16's narrow range needs loss scaling; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.items: torch.Tensor | None = None  # a (total, count) loss: the step's local count so far
-        # The first non-finite gradient, from the first step with one on (-1: none yet), on the device; fp16's
-        # GradScaler skips such steps as a matter of course. Its place among the step's gradients: grad_positions.
-        self.watch_gradients, self.bad_parameter = config.precision != "fp16", torch.full((), -1, device=device)
-        self.grad_positions: list[int] | None = None  # the parameters of the last step's gradients (None: all)
+        # What looks at the gradients before clipping, which spreads one NaN to every gradient (the trainer's
+        # divergence watch, where the project has one)
+        self.before_clipping: Callable[[list[torch.Tensor]], None] | None = None
         self.step_count: torch.Tensor | None = None  # and the last step's global count, on the device
 
     def micro_step(
@@ -487,8 +497,8 @@ class StepRunner:
             self.scaler.unscale_(self.optimizer)
         if self.items is not None:  # a (total, count) loss: the global count is known now
             self.rescale()
-        if self.watch_gradients:  # before clipping, which spreads one NaN to every gradient
-            self.note_gradients()
+        if self.before_clipping is not None:
+            self.before_clipping(self.params)
         if self.clip_grad_norm > 0:
             norm = nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         else:  # the same norm clipping computes (frozen parameters have no gradient: left out)
@@ -500,15 +510,6 @@ class StepRunner:
         self.optimizer.zero_grad(set_to_none=True)
         self.strategy.after_step()
         return norm.detach()
-
-    def note_gradients(self) -> None:
-        """Keep, on the device, which gradient first held a NaN or an inf (bad_parameter): one foreach call a step."""
-        positions = [i for i, param in enumerate(self.params) if param.grad is not None]
-        self.grad_positions = None if len(positions) == len(self.params) else positions
-        grads = [self.params[i].grad for i in positions]
-        if grads:
-            found = first_nonfinite([g.to_local() if is_sharded(g) else g for g in grads], self.device)
-            self.bad_parameter = torch.where(self.bad_parameter < 0, found, self.bad_parameter)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's `grad_scaler`: fp16's loss scale; empty otherwise."""
@@ -558,3 +559,10 @@ def optimizer_steps(
         real_samples = sampler.real_samples_in_step(samples_done, count)
         yield OptimizerStep(itertools.islice(batches, count), count, real_samples)
         left, samples_done = left - count, samples_done + real_samples
+
+
+def divergence_module() -> ModuleType | None:
+    """The module of engine/ with a `divergence_watch` (what names a divergence's step, ranks, samples and parameter),
+    where the project has one (docs/troubleshooting.md); without it a divergence stops the run all the same."""
+    found = modules_with(__package__, [str(Path(__file__).parent)], "def divergence_watch(")
+    return next((module for module in found if hasattr(module, "divergence_watch")), None)

@@ -28,11 +28,10 @@ from ..distributed.generators import RankGenerators
 from ..ema import EMA, NoEMA
 from ..evaluate import metric_names
 from ..monitor import Monitor
-from ..nonfinite import skip_samples
 from ..schedule import RunLength, Schedule
 from ..state import TrainState
 from ..strategies import Strategy, build_strategy
-from ..trainer import StepRunner, Trainer
+from ..trainer import StepRunner, Trainer, divergence_module
 from .activation import checkpoint_activations
 from .checks import Built
 from .compatibility import SamePreparedData
@@ -102,7 +101,8 @@ def build_trainer(config: TrainConfig, env: DistEnv, run_dir: Path, built: Built
     callbacks = build_callbacks(config.callbacks)  # first: a wrong _target_ is said before any work
     allow_frozen_parameters(config, callbacks)
     data = build_data(config.data, env, config.seed)
-    skip_samples(config.trainer.skip_samples, data.sampler, env.is_main)  # before the schedule counts the steps
+    if (divergence := divergence_module()) is not None:  # samples to leave out: before the schedule counts the steps
+        divergence.leave_out_samples(config.trainer, data.sampler, env.is_main)
     task = built.task if built else build_task(config.task)
     strategy = build_strategy(config, env)
     folder = local_folder(run_dir, config.checkpoint)  # checkpoint.dir, or the run dir's checkpoints/

@@ -58,7 +58,7 @@ class ResumableDistributedSampler(DistributedSampler):
         return self.num_replicas * self.batch_size
 
     def skip(self, indices: Iterable[int]) -> None:
-        """Leave these samples (trainer.skip_samples: nonfinite.py checks them) out of every epoch's order, before
+        """Leave these samples (checked by the caller) out of every epoch's order, before
         it is split into global batches; from then on `dataset_size` is what an epoch trains on."""
         whole = self.dataset_size + len(self.skipped)
         self.skipped = tuple(sorted(set(indices)))
