@@ -223,9 +223,10 @@ class Trainer:
         if self.callbacks.step_start:
             self.callbacks.fire("on_step_start")
         interval.lr = self.optimizer.param_groups[0]["lr"]
-        seen = []  # the step's samples, on the host: for the divergence watch, where there is one
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # the step's samples, on the host: the divergence watch's
         for number, batch in enumerate(step.micro_batches, 1):
-            seen.append((batch.indices, batch.weights))
+            if self.divergence is not None:
+                seen.append((batch.indices, batch.weights))
             if self.throughput.tokens_per_sample is None:  # once: a sequence's tokens, where the task counts them
                 self.throughput.count_tokens(self.task, batch.targets, self.model)
             interval.loss_sum += self.runner.micro_step(
