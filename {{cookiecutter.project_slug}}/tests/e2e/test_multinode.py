@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -193,3 +194,31 @@ def test_node_zero_alone_says_what_it_waits_for_and_gives_up_in_bounded_time() -
     assert proc.stderr.strip().splitlines()[-1].startswith("error: not all NNODES=2 nodes joined node 0's rendezvous")
     assert "Traceback" not in proc.stdout + proc.stderr and waited < 60, waited
     assert subprocess.run(["pgrep", "-f", f"MASTER_PORT={port}|master-port={port}"]).returncode == 1, "nothing left"
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_node_zero_waits_for_the_others_stops_it_at_once_in_one_line() -> None:
+    """A terminal's Ctrl-C (SIGINT to the launcher's process group) while torchrun's rendezvous waits for the other
+    nodes: the job stops then, not once WAIT_FOR_NODES_S is over; one line, no traceback, and the run dir made for
+    it goes."""
+    port, run_name = free_port(), f"stopped_{uuid.uuid4().hex[:8]}"
+    proc = node(0, port, "NNODES=2", f"RUN_NAME={run_name}", *JOB)
+    try:
+        wait_for(lambda: listening(port), "node 0's rendezvous store")
+        os.killpg(proc.pid, signal.SIGINT)
+        stopped = time.monotonic()
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and time.monotonic() - stopped < 10, output[-3000:]
+        assert output.strip().splitlines()[-1] == (
+            "stopped by SIGINT before torchrun started the workers: nothing was trained"
+        ), output[-3000:]
+        assert "Traceback" not in output and not (PROJECT_DIR / "outputs" / run_name).exists(), output[-3000:]
+    finally:
+        if proc.poll() is None:
+            kill_node(proc)
+        shutil.rmtree(PROJECT_DIR / "outputs" / run_name, ignore_errors=True)

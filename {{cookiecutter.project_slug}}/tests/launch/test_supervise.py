@@ -51,24 +51,45 @@ def ended(forwarder: Forwarder) -> int | None:
     return None if forwarder.child is None else forwarder.child.returncode
 
 
+# torchrun's stand-ins that make the file named by their argument once they run (a busy machine starts Python slowly,
+# and a SIGINT amid Python's start is a KeyboardInterrupt, exit code 1): one ended by a stop signal itself, as the
+# agent is before it starts the workers (launch/agent.py), and one whose handler ends it with 128 + the signal, as
+# torchrun's handlers do once they have.
+STARTING = "import sys, time\nopen(sys.argv[1], 'w').close()\ntime.sleep(30)"
+WITH_WORKERS = (
+    "import signal, sys\nfor sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+    "    signal.signal(sig, lambda signum, _: sys.exit(128 + signum))\n" + STARTING
+)
+
+
+@pytest.mark.parametrize("workers", [False, True], ids=["before the workers", "with the workers"])
 @pytest.mark.parametrize("signum", FORWARDED_SIGNALS, ids=lambda signum: signum.name)
-def test_a_stop_signal_to_the_launcher_is_passed_on_to_the_running_torchrun(signum: int) -> None:
+def test_a_stop_signal_to_the_launcher_is_passed_on_to_the_running_torchrun(
+    signum: int, workers: bool, tmp_path, capsys
+) -> None:
     """torchrun (its own process group: the terminal's Ctrl-C does not reach it) gets the launcher's
-    signal, the same one; the launcher's code says which (128 + it)."""
+    signal, the same one; the launcher's code says which (128 + it). One that ended torchrun before it started
+    the workers is said in one line: nothing was trained."""
     forwarder = Forwarder()
+    running = tmp_path / "running"
     asked: list[int] = []
 
     def signal_while_it_runs() -> bool:  # asked every 0.2 s while torchrun runs
+        if not running.exists():
+            return False
         asked.append(1)
         if len(asked) == 1:
             os.kill(os.getpid(), signum)
         return len(asked) > 10  # not passed on: give up after 2 s (the stand-in killed)
 
     try:
-        code = forwarder.run(TORCHRUN, dict(os.environ), signal_while_it_runs)
+        torchrun = [sys.executable, "-c", WITH_WORKERS if workers else STARTING, str(running)]
+        code = forwarder.run(torchrun, dict(os.environ), signal_while_it_runs)
     finally:
         returncode = ended(forwarder)
-    assert (code, returncode) == (128 + signum, -signum)
+    assert (code, returncode) == (128 + signum, 128 + signum if workers else -signum)
+    said = f"stopped by {signal.Signals(signum).name} before torchrun started the workers: nothing was trained\n"
+    assert (forwarder.before_workers, capsys.readouterr().err) == ((False, "") if workers else (True, said))
 
 
 def test_a_worker_error_no_restart_can_fix_kills_torchrun_at_once() -> None:

@@ -5,13 +5,22 @@ with 128 + the signal, failed workers are summarised as torchrun does (exit code
 in silence once node 0 has gone (node 0's launcher stops its agent, which serves that barrier's store, as soon
 as a worker has refused or stopped the job)."""
 
+# ruff: noqa: E402 (SIGINT's default comes before torch's import, below)
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from typing import Any
+
+# Until torchrun starts the workers and puts in its own handlers, a stop signal ends the agent at once, SIGINT as
+# SIGTERM and SIGHUP do: Python's KeyboardInterrupt would wait for the C++ call under way (the rendezvous's wait for
+# the other nodes, up to WAIT_FOR_NODES_S), then print a traceback, as it does amid torch's import. The launcher
+# says in one line that nothing was trained (launch/supervise.py).
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server import api as agent_api

@@ -68,7 +68,7 @@ def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: For
                 say(f"error: {line}" if code else f"warning: {line} (torchrun restarted them)", err=True)
         finally:
             shutil.rmtree(control, ignore_errors=True)
-        if refused:  # the workers' checks refused the job before any work: a run dir made for it goes
+        if refused or forwarder.before_workers:  # refused by the workers, or none started: a run dir made for it goes
             if new and all(path.name.startswith(LOCK_FILE) for path in run_dir.iterdir()):
                 shutil.rmtree(run_dir, ignore_errors=True)
             return code
