@@ -18,7 +18,7 @@ from {{cookiecutter.package_name}}.launch.main import main
 from {{cookiecutter.package_name}}.launch.rendezvous import NodeZeroWatch
 from {{cookiecutter.package_name}}.launch.supervise import FORWARDED_SIGNALS, Forwarder
 
-from ..helpers import forbid_torchrun
+from ..helpers import forbid_torchrun, free_port
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
@@ -37,6 +37,23 @@ def test_a_signal_during_the_checks_stops_the_launch_before_torchrun(monkeypatch
     name = signal.Signals(signum).name
     assert capsys.readouterr().err == f"stopped by {name} before torchrun started: nothing was trained\n"
     assert not (tmp_path / "outputs").exists(), "no run dir for a launch that never started"
+
+
+def test_a_signal_while_a_node_waits_for_node_zero_ends_the_wait_at_once(monkeypatch, capsys, tmp_path) -> None:
+    """Ctrl-C on a node waiting for node 0's port: it stops then, not once WAIT_FOR_MASTER_S is over."""
+    monkeypatch.chdir(tmp_path)
+    forbid_torchrun(monkeypatch)
+
+    def not_there_yet(*args, **kwargs):  # node 0 not listening yet, and the signal arrives while this node waits
+        os.kill(os.getpid(), signal.SIGINT)
+        raise ConnectionRefusedError
+
+    monkeypatch.setattr(socket, "create_connection", not_there_yet)
+    started = time.monotonic()
+    code = main(["multi", "NODE_RANK=1", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={free_port()}", "WAIT_FOR_MASTER_S=60",
+                 "NPROC_PER_NODE=1", "task=classification", "data=synthetic", "model=small_cnn"])  # fmt: skip
+    assert code == 130 and time.monotonic() - started < 10
+    assert capsys.readouterr().err == "stopped by SIGINT before torchrun started: nothing was trained\n"
 
 
 TORCHRUN = [sys.executable, "-c", "import time; time.sleep(30)"]  # torchrun's stand-in: runs until stopped

@@ -39,7 +39,7 @@ from .supervise import PACKAGE, Forwarder, torchrun
 def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: Forwarder) -> int:
     """One training job: check, then torchrun; the run dir and the last evaluation at the end."""
     run_dir = preflight(args.overrides, run_dir, launch)
-    check_rendezvous(launch)
+    check_rendezvous(launch, lambda: forwarder.signal != 0)
     if (code := forwarder.stopped_before_start()) is not None:
         return code
     new = run_dir is None or not run_dir.exists()

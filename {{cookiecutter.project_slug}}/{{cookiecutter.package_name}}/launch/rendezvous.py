@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,9 @@ def require_free_port(port: int) -> None:
             ) from None
 
 
-def check_rendezvous(launch: Launch) -> None:
-    """Node 0 must own MASTER_PORT; the other nodes wait for it (bounded), then a hint."""
+def check_rendezvous(launch: Launch, stopped: Callable[[], bool] = lambda: False) -> None:
+    """Node 0 must own MASTER_PORT; the other nodes wait for it (bounded), then a hint; a stop signal (`stopped`)
+    ends the wait at once, for the launcher to say."""
     if "--standalone" in launch.torchrun_args:
         return
     values = launch.values
@@ -40,6 +42,8 @@ def check_rendezvous(launch: Launch) -> None:
             socket.create_connection((address, port), timeout=2).close()
             return
         except OSError:
+            if stopped():
+                return
             if time.monotonic() >= deadline:
                 raise LaunchError(
                     f"node 0 is not reachable at {address}:{port} after {seconds} s: start node 0 first, check "

@@ -29,5 +29,5 @@ def main(args: LaunchArgs, environ: dict[str, str], forwarder: Forwarder) -> int
         raise LaunchError("-m (a sweep) runs on one node: use scripts/run_single.sh -m ...")
     launch = plan(MODE, args, environ, read_cluster_env(Path("scripts") / "cluster.env"))
     checked_config(args.overrides, launch)  # what the workers compose (the dist section), and their backend
-    check_rendezvous(launch)
+    check_rendezvous(launch, lambda: forwarder.signal != 0)
     return torchrun(launch, f"{PACKAGE}.comm_check", args.overrides, forwarder)
