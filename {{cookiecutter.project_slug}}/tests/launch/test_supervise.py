@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +57,31 @@ def test_a_signal_while_a_node_waits_for_node_zero_ends_the_wait_at_once(monkeyp
     assert capsys.readouterr().err == "stopped by SIGINT before torchrun started: nothing was trained\n"
 
 
+@pytest.mark.parametrize("written", [False, True], ids=["nothing written", "logs written"])
+def test_a_stop_before_the_workers_wrote_anything_is_one_line_and_leaves_no_run_dir(
+    monkeypatch, capsys, tmp_path, written: bool
+) -> None:
+    """A stop signal while torchrun runs, before the workers wrote anything in the new run dir (torch's import,
+    the rendezvous, the config's composition): nothing was trained, said in one line, and the run dir made for
+    the launch goes. Once they have written, the run dir stays and the launcher names it."""
+    monkeypatch.chdir(tmp_path)
+
+    def stopped_torchrun(launch, module, arguments, forwarder, failed=None) -> int:
+        forwarder.signal = signal.SIGINT  # as the launcher's handler records Ctrl-C, then passes it on
+        if written:
+            run_dir = Path(arguments[0].split("=", 1)[1].strip("'"))
+            (run_dir / "logs").mkdir()
+        return 128 + signal.SIGINT
+
+    monkeypatch.setattr(job_module, "torchrun", stopped_torchrun)
+    code = main(["single", "NPROC_PER_NODE=1", "RUN_DIR=run", "task=classification", "data=synthetic",
+                 "model=small_cnn"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 130 and (tmp_path / "run").exists() == written
+    said = "stopped by SIGINT before training started: nothing was trained\n"
+    assert (said in err) != written, err
+
+
 TORCHRUN = [sys.executable, "-c", "import time; time.sleep(30)"]  # torchrun's stand-in: runs until stopped
 
 
@@ -82,11 +108,11 @@ WITH_WORKERS = (
 @pytest.mark.parametrize("workers", [False, True], ids=["before the workers", "with the workers"])
 @pytest.mark.parametrize("signum", FORWARDED_SIGNALS, ids=lambda signum: signum.name)
 def test_a_stop_signal_to_the_launcher_is_passed_on_to_the_running_torchrun(
-    signum: int, workers: bool, tmp_path, capsys
+    signum: int, workers: bool, tmp_path
 ) -> None:
     """torchrun (its own process group: the terminal's Ctrl-C does not reach it) gets the launcher's
-    signal, the same one; the launcher's code says which (128 + it). One that ended torchrun before it started
-    the workers is said in one line: nothing was trained."""
+    signal, the same one; the launcher's code says which (128 + it), and whether it ended torchrun before it
+    started the workers (launch/job.py then says that nothing was trained)."""
     forwarder = Forwarder()
     running = tmp_path / "running"
     asked: list[int] = []
@@ -104,9 +130,8 @@ def test_a_stop_signal_to_the_launcher_is_passed_on_to_the_running_torchrun(
         code = forwarder.run(torchrun, dict(os.environ), signal_while_it_runs)
     finally:
         returncode = ended(forwarder)
-    assert (code, returncode) == (128 + signum, 128 + signum if workers else -signum)
-    said = f"stopped by {signal.Signals(signum).name} before torchrun started the workers: nothing was trained\n"
-    assert (forwarder.before_workers, capsys.readouterr().err) == ((False, "") if workers else (True, said))
+    assert (code, returncode, forwarder.before_workers) == (128 + signum, *((128 + signum, False) if workers
+                                                                         else (-signum, True)))  # fmt: skip
 
 
 def test_a_worker_error_no_restart_can_fix_kills_torchrun_at_once() -> None:

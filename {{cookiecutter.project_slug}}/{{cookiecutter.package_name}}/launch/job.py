@@ -68,8 +68,13 @@ def train(launch: Launch, args: LaunchArgs, run_dir: Path | None, forwarder: For
                 say(f"error: {line}" if code else f"warning: {line} (torchrun restarted them)", err=True)
         finally:
             shutil.rmtree(control, ignore_errors=True)
-        if refused or forwarder.before_workers:  # refused by the workers, or none started: a run dir made for it goes
-            if new and all(path.name.startswith(LOCK_FILE) for path in run_dir.iterdir()):
+        untouched = all(path.name.startswith(LOCK_FILE) for path in run_dir.iterdir())  # the workers wrote nothing
+        stopped_early = bool(forwarder.signal) and (forwarder.before_workers or untouched) and not refused
+        if stopped_early:  # a stop signal before torchrun started the workers, or before they wrote anything
+            say(f"stopped by {signal.Signals(forwarder.signal).name} before training started: nothing was trained",
+                err=True)  # fmt: skip
+        if refused or stopped_early:  # a run dir made for the launch goes
+            if new and untouched:
                 shutil.rmtree(run_dir, ignore_errors=True)
             return code
         say(f"run dir: {run_dir}{node} (logs/, metrics.jsonl, checkpoints/)")

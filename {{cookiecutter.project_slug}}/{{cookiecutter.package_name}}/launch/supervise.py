@@ -30,7 +30,7 @@ class Forwarder:
     def __init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None
         self.signal = 0  # the first stop signal this launcher received: its exit code says which
-        self.before_workers = False  # whether that signal ended torchrun before it started its workers
+        self.before_workers = False  # whether that signal ended torchrun before it started the workers
         self.previous = {sig: signal.signal(sig, self.handle) for sig in FORWARDED_SIGNALS}
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
@@ -57,8 +57,8 @@ class Forwarder:
         while True:
             try:  # its exit code as soon as it exits: the job's end is not held up
                 code = self.child.wait(timeout=0.2)
-                if self.signal and code == -self.signal:  # ended by the signal itself, not by its handlers
-                    return self.stopped_before_workers()
+                # Ended by the signal itself, not by the handlers torchrun puts in as it starts the workers.
+                self.before_workers = bool(self.signal) and code == -self.signal
                 return 128 + self.signal if self.signal else code
             except subprocess.TimeoutExpired:
                 pass
@@ -73,14 +73,6 @@ class Forwarder:
             if node_zero is not None and not self.signal and node_zero.gone(time.monotonic()):
                 self.stop_child()
                 raise LaunchError(node_zero.give_up())
-
-    def stopped_before_workers(self) -> int:
-        """torchrun ended by the signal itself: its agent had not started the workers (they put in handlers that
-        end it with 128 + the signal, once the workers have stopped). Said in one line; 128 + the signal."""
-        self.before_workers = True
-        name = signal.Signals(self.signal).name
-        say(f"stopped by {name} before torchrun started the workers: nothing was trained", err=True)
-        return 128 + self.signal
 
     def stop_child(self) -> None:
         assert self.child is not None

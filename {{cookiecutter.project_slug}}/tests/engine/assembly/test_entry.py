@@ -20,6 +20,7 @@ from torch.utils.data import TensorDataset
 from {{cookiecutter.package_name}} import train as train_entry
 from {{cookiecutter.package_name}}.common.errors import ConfigError
 from {{cookiecutter.package_name}}.common.run_dir import CONTROL_DIR_ENV, FAILED_MARKER, REFUSED
+from {{cookiecutter.package_name}}.engine.assembly import entry
 from {{cookiecutter.package_name}}.engine.assembly.entry import accept_legacy_local_rank, record, refuse, reporting_user_errors
 from {{cookiecutter.package_name}}.engine.checkpoint import writer
 from {{cookiecutter.package_name}}.engine.distributed.process_group import REFUSED_KEY
@@ -189,3 +190,17 @@ def test_a_process_builds_its_model_once_and_reads_the_checkpoint_it_resumes_fro
     torch.manual_seed(0)  # seed: 0, configs/train.yaml's: the checked model is the one every rank builds
     expected = nn.Linear(12, 3).weight.detach()
     assert all(torch.equal(weights, expected) for weights in INITIAL[-2:]), "the weights come from the seed"
+
+
+def test_a_worker_before_the_trainers_handlers_is_ended_by_sigint_as_by_sigterm(monkeypatch) -> None:
+    """Under torchrun, a Ctrl-C passed on to a worker before the trainer's handlers (engine/preemption.py) ends it
+    at once, as SIGTERM does, not as a KeyboardInterrupt's traceback amid the config's composition or the build
+    (the launcher says in one line that nothing was trained: tests/launch/test_supervise.py)."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "a job")
+    monkeypatch.setattr(entry, "die_with_parent", lambda: None)  # not this test process
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        entry.prepare(["train.py"])
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, previous)

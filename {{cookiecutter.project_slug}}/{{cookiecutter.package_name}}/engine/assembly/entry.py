@@ -10,6 +10,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -72,6 +73,9 @@ def prepare(argv: list[str]) -> None:
     accept_legacy_local_rank(argv)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker: it dies with its torchrun agent
         die_with_parent()
+        # Until the trainer's handlers (engine/preemption.py), a stop signal ends the worker at once, SIGINT as
+        # SIGTERM and SIGHUP do, not as a KeyboardInterrupt's traceback amid the config's composition or the build.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         if os.getppid() == 1:  # the agent is already gone
             sys.exit(1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and ("-m" in argv or "--multirun" in argv):
