@@ -18,7 +18,7 @@ from typing import Any
 # Until torchrun starts the workers and puts in its own handlers, a stop signal ends the agent at once, SIGINT as
 # SIGTERM and SIGHUP do: Python's KeyboardInterrupt would wait for the C++ call under way (the rendezvous's wait for
 # the other nodes, up to WAIT_FOR_NODES_S), then print a traceback, as it does amid torch's import. The launcher
-# says in one line that nothing was trained (launch/supervise.py).
+# says in one line that nothing was trained (launch/job.py).
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
