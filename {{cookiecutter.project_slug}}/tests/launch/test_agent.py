@@ -6,6 +6,9 @@ from __future__ import annotations
 import datetime
 import logging
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -76,3 +79,22 @@ def test_a_stop_signal_is_raised_once_and_a_repeat_while_it_is_handled_is_ignore
         handler(signal.SIGTERM, None)
     assert raised.value.sigval == signal.SIGTERM
     assert handler(signal.SIGTERM, None) is None and handler(signal.SIGINT, None) is None, "ignored: no second raise"
+
+
+def test_run_as_the_agent_sigint_takes_its_default_action_from_before_torchs_import() -> None:
+    """A stop signal ends the agent at once until torchrun's handlers go in with the workers: torch's import and
+    the rendezvous's wait included, not a KeyboardInterrupt that waits for the C++ call, then a traceback (the
+    job's line: tests/e2e/test_multinode.py). Read from the kernel while the agent imports torch."""
+    agent = subprocess.Popen([sys.executable, "-m", "{{cookiecutter.package_name}}.launch.agent", "--help"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "libtorch" not in Path(f"/proc/{agent.pid}/maps").read_text():  # past the agent's first lines
+            assert agent.poll() is None and time.monotonic() < deadline, "the agent ended before torch loaded"
+            time.sleep(0.005)
+        status = Path(f"/proc/{agent.pid}/status").read_text().splitlines()
+        caught = int(next(line for line in status if line.startswith("SigCgt:")).split()[1], 16)
+        assert not caught & 1 << (signal.SIGINT - 1), "SIGINT is caught: Python's KeyboardInterrupt"
+    finally:
+        agent.kill()
+        agent.wait()
